@@ -1,0 +1,139 @@
+//! The pods' workload: a server that answers with its own name, over HTTP on TCP
+//! (like the `hostnames` image) and as a datagram on UDP, plus the matching clients.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const POLL: Duration = Duration::from_millis(20);
+
+/// Serves `name` on TCP and UDP `port` of every address, until dropped.
+pub struct HostnameServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl HostnameServer {
+    /// Binds in the calling thread's network namespace (enter it first).
+    pub fn bind(name: &str, ports: &[u16]) -> io::Result<HostnameServer> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &port in ports {
+            let tcp = TcpListener::bind(("::", port))?;
+            tcp.set_nonblocking(true)?;
+            let udp = UdpSocket::bind(("::", port))?;
+            udp.set_read_timeout(Some(POLL * 5))?;
+            let (n, s) = (name.to_string(), stop.clone());
+            threads.push(std::thread::spawn(move || serve_tcp(tcp, &n, &s)));
+            let (n, s) = (name.to_string(), stop.clone());
+            threads.push(std::thread::spawn(move || serve_udp(udp, &n, &s)));
+        }
+        Ok(HostnameServer { stop, threads })
+    }
+
+    /// Binds inside the named namespace; the serving threads stay there.
+    pub fn bind_in(netns: &str, name: &str, ports: &[u16]) -> io::Result<HostnameServer> {
+        let (name, ports) = (name.to_string(), ports.to_vec());
+        crate::netns::in_netns(netns, move || HostnameServer::bind(&name, &ports))?
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for HostnameServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_tcp(listener: TcpListener, name: &str, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let name = name.to_string();
+                std::thread::spawn(move || {
+                    let _ = answer_http(conn, &name);
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+fn answer_http(mut conn: TcpStream, name: &str) -> io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    // Read the request head; a client that sends nothing still gets the answer.
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let body = format!("{name}\n");
+    write!(
+        conn,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    conn.flush()
+}
+
+fn serve_udp(sock: UdpSocket, name: &str, stop: &AtomicBool) {
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok((_, from)) = sock.recv_from(&mut buf) {
+            let _ = sock.send_to(name.as_bytes(), from);
+        }
+    }
+}
+
+/// One HTTP request; returns the body (the pod's name), trimmed.
+pub fn http_get(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
+    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    write!(conn, "GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp)?;
+    let (head, body) = resp
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no HTTP response"))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            head.lines().next().unwrap_or("").to_string(),
+        ));
+    }
+    Ok(body.trim().to_string())
+}
+
+/// One UDP question from a fresh socket (so a fresh conntrack flow); returns the answer.
+pub fn udp_ask(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
+    let sock = UdpSocket::bind(bind)?;
+    sock.connect(addr)?;
+    sock.set_read_timeout(Some(timeout))?;
+    sock.send(b"who are you?")?;
+    let mut buf = [0u8; 2048];
+    let n = sock.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}

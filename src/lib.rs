@@ -1,0 +1,17 @@
+//! kube-nft: a kube-proxy replacement whose dataplane is nftables, programmed
+//! directly over netlink.
+//!
+//! The pipeline, one module per stage:
+//! `source` (manifests) → `model` (validated objects) → `translate` (desired
+//! `ruleset`) → a backend: `netlink` (the kernel) or `text` (`nft -f` syntax).
+//! `proxy` runs one sync through it; `lab` demonstrates it in network namespaces.
+
+pub mod lab;
+pub mod model;
+pub mod netlink;
+pub mod netns;
+pub mod proxy;
+pub mod ruleset;
+pub mod source;
+pub mod text;
+pub mod translate;

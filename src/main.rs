@@ -1,0 +1,231 @@
+//! The `kube-nft` command line.
+
+use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
+use kube_nft::lab::{self, LabOptions};
+use kube_nft::netlink::NftSocket;
+use kube_nft::source::files;
+use kube_nft::translate::{NodeConfig, DEFAULT_MASQUERADE_BIT};
+use kube_nft::{proxy, text};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+#[derive(Parser)]
+#[command(
+    name = "kube-nft",
+    version,
+    about = "Kubernetes Services on nftables, programmed over netlink"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Program the current network namespace from manifests, and keep it in sync.
+    Run {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+        /// Apply once and exit: 0 only if the ruleset was committed.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Print, as `nft -f` input, the ruleset `run` would program.
+    Render {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+    },
+    /// Remove kube-nft's tables from the current network namespace, and nothing else.
+    Cleanup,
+    /// A Service demo in network namespaces: pods, a client, and the proxy.
+    Lab {
+        /// Services and EndpointSlices to run instead of the built-in `hostnames` example.
+        #[arg(long, num_args = 1..)]
+        manifests: Vec<PathBuf>,
+        /// Requests to send to each Service port.
+        #[arg(long, default_value_t = 30)]
+        requests: usize,
+        /// Leave the namespaces (and pod servers) in place afterwards.
+        #[arg(long)]
+        keep: bool,
+        /// Prefix of the namespaces' names.
+        #[arg(long, default_value = "kn-lab")]
+        prefix: String,
+        #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_CLUSTER_CIDR)]
+        cluster_cidr: Vec<IpNet>,
+        #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
+        service_cidr: Vec<IpNet>,
+    },
+    /// A pod's workload: answer with NAME on TCP (HTTP) and UDP ports (used by the lab).
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        netns: Option<String>,
+        #[arg(long)]
+        name: String,
+        #[arg(long = "port", required = true)]
+        ports: Vec<u16>,
+    },
+}
+
+#[derive(Args)]
+struct ProxyArgs {
+    /// Manifest files or directories (YAML or JSON; multi-document; `kind: List`).
+    #[arg(long, num_args = 1.., required = true)]
+    manifests: Vec<PathBuf>,
+    /// This node's name, to pick its Node object.
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
+    /// ClusterIP is masqueraded.
+    #[arg(long, value_delimiter = ',')]
+    cluster_cidr: Vec<IpNet>,
+    /// Service CIDRs (comma-separated, one per family): unallocated addresses in
+    /// them are dropped.
+    #[arg(long, value_delimiter = ',')]
+    service_cidr: Vec<IpNet>,
+    /// The bit of the packet mark that requests masquerade (kube-proxy's default 14: 0x4000).
+    #[arg(long, default_value_t = DEFAULT_MASQUERADE_BIT)]
+    masquerade_bit: u8,
+}
+
+impl ProxyArgs {
+    fn config(&self) -> Result<NodeConfig, String> {
+        let config = NodeConfig {
+            cluster_cidrs: self.cluster_cidr.clone(),
+            service_cidrs: self.service_cidr.clone(),
+            masquerade_bit: self.masquerade_bit,
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    /// Loads and translates; a manifest that cannot be read at all is an error,
+    /// a malformed object in one is logged and skipped.
+    fn desired(&self, config: &NodeConfig) -> Result<kube_nft::translate::Ruleset, String> {
+        let loaded = files::load(&self.manifests).map_err(|e| e.to_string())?;
+        for r in &loaded.rejected {
+            tracing::warn!("rejected: {r}");
+        }
+        let (ruleset, _) = proxy::desired(&loaded.objects, self.node_name.as_deref(), config);
+        Ok(ruleset)
+    }
+}
+
+/// The newest modification time among the manifest files and directories.
+fn manifests_stamp(paths: &[PathBuf]) -> Option<SystemTime> {
+    let mut all = paths.to_vec();
+    all.extend(files::manifest_files(paths).ok()?);
+    all.iter()
+        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .max()
+}
+
+fn run(args: &ProxyArgs, once: bool) -> Result<(), String> {
+    let config = args.config()?;
+    let mut sock =
+        NftSocket::open().map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
+    let mut applied_stamp;
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let stamp = manifests_stamp(&args.manifests);
+        let result = args.desired(&config).and_then(|ruleset| {
+            let t = std::time::Instant::now();
+            let c = proxy::apply(&mut sock, &ruleset).map_err(|e| e.to_string())?;
+            tracing::info!(
+                messages = c.messages,
+                bytes = c.bytes,
+                "synced in {:.1} ms",
+                t.elapsed().as_secs_f64() * 1000.0
+            );
+            Ok(())
+        });
+        match result {
+            Ok(()) if once => return Ok(()),
+            Ok(()) => {
+                applied_stamp = stamp;
+                backoff = Duration::from_secs(1);
+            }
+            Err(e) if once => return Err(e),
+            Err(e) => {
+                // The previous ruleset stays in place; try again, more slowly each time.
+                tracing::error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        }
+        while manifests_stamp(&args.manifests) == applied_stamp {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let cli = Cli::parse();
+    let result: Result<bool, String> = match cli.command {
+        Command::Run { proxy, once } => run(&proxy, once).map(|_| true),
+        Command::Render { proxy } => {
+            proxy
+                .config()
+                .and_then(|c| proxy.desired(&c))
+                .map(|ruleset| {
+                    print!("{}", text::replace_script(&ruleset.tables));
+                    true
+                })
+        }
+        Command::Cleanup => NftSocket::open()
+            .map_err(|e| e.to_string())
+            .and_then(|mut s| proxy::cleanup(&mut s).map_err(|e| e.to_string()))
+            .map(|_| true),
+        Command::Lab {
+            manifests,
+            requests,
+            keep,
+            prefix,
+            cluster_cidr,
+            service_cidr,
+        } => lab::run(&LabOptions {
+            manifests,
+            requests,
+            keep,
+            prefix,
+            config: NodeConfig {
+                cluster_cidrs: cluster_cidr,
+                service_cidrs: service_cidr,
+                masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            },
+        })
+        .map_err(|e| e.to_string()),
+        Command::Serve { netns, name, ports } => {
+            serve(netns.as_deref(), &name, &ports).map(|_| true)
+        }
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("kube-nft: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(netns: Option<&str>, name: &str, ports: &[u16]) -> Result<(), String> {
+    if let Some(ns) = netns {
+        kube_nft::netns::enter(ns).map_err(|e| e.to_string())?;
+    }
+    let server =
+        lab::hostname_server::HostnameServer::bind(name, ports).map_err(|e| e.to_string())?;
+    println!("ready");
+    server.wait();
+    Ok(())
+}

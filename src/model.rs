@@ -1,0 +1,729 @@
+//! The validated model of what kube-nft proxies: Services, their ports, and their
+//! endpoints merged from every EndpointSlice.
+//!
+//! Conversion from the Kubernetes API types happens here and nowhere else. Each
+//! object is checked on its own: a malformed one becomes a `Rejected` naming the
+//! object and the field, and never stops the others. Services that a proxy must
+//! leave alone (ExternalName, headless, another proxy's) are skipped, not rejected.
+
+use crate::ruleset::{Family, Protocol};
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Services labelled with this belong to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An object that failed validation, with the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// `Service default/web`, `EndpointSlice default/web-abc12`, or a file position.
+    pub object: String,
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.object, self.reason)
+        } else {
+            write!(f, "{}: {}: {}", self.object, self.field, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    Named(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Empty for the single unnamed port a Service may have.
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub target_port: TargetPort,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub key: ServiceKey,
+    /// One per IP family the Service has (dual-stack Services have two).
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+}
+
+impl Service {
+    /// `ns/name:port`, the name kube-proxy users know a Service port by (the port
+    /// number stands in for the name of an unnamed port).
+    pub fn port_label(&self, port: &ServicePort) -> String {
+        if port.name.is_empty() {
+            format!("{}:{}", self.key, port.port)
+        } else {
+            format!("{}:{}", self.key, port.name)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Conditions {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointPort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// One EndpointSlice, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub name: String,
+    pub service: ServiceKey,
+    pub family: Family,
+    pub ports: Vec<EndpointPort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// An endpoint of one Service port: an address with the port to DNAT to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    pub zone: Option<String>,
+    pub addresses: Vec<IpAddr>,
+}
+
+/// Everything kube-nft proxies, as validated objects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    pub services: BTreeMap<ServiceKey, Service>,
+    /// Slices by Service, then by slice name.
+    pub slices: BTreeMap<ServiceKey, BTreeMap<String, EndpointSlice>>,
+    pub node: Option<NodeInfo>,
+}
+
+impl ClusterState {
+    /// The endpoints of one Service port, merged over all its slices: matched by
+    /// port name and protocol, de-duplicated by address and port. When two slices
+    /// disagree about an endpoint, the one that is more ready wins.
+    pub fn endpoints_for(&self, svc: &Service, port: &ServicePort) -> Vec<PortEndpoint> {
+        let mut merged: BTreeMap<(IpAddr, u16), PortEndpoint> = BTreeMap::new();
+        let Some(slices) = self.slices.get(&svc.key) else {
+            return Vec::new();
+        };
+        for slice in slices.values() {
+            let Some(sp) = slice
+                .ports
+                .iter()
+                .find(|p| p.name == port.name && p.protocol == port.protocol)
+            else {
+                continue;
+            };
+            for ep in &slice.endpoints {
+                let candidate = PortEndpoint {
+                    addr: ep.addr,
+                    port: sp.port,
+                    conditions: ep.conditions,
+                    node_name: ep.node_name.clone(),
+                    zone: ep.zone.clone(),
+                };
+                merged
+                    .entry((ep.addr, sp.port))
+                    .and_modify(|cur| {
+                        if rank(&candidate.conditions) > rank(&cur.conditions) {
+                            *cur = candidate.clone();
+                        }
+                    })
+                    .or_insert(candidate);
+            }
+        }
+        merged.into_values().collect()
+    }
+}
+
+fn rank(c: &Conditions) -> u8 {
+    (c.ready as u8) * 2 + c.serving as u8
+}
+
+/// What to do with an object that is valid but not ours to proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    ExternalName,
+    Headless,
+    OtherProxy(String),
+    /// An EndpointSlice of addressType FQDN, which no proxy uses.
+    Fqdn,
+}
+
+pub enum Converted<T> {
+    Valid(T),
+    Skipped(Skip),
+}
+
+fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string())
+}
+
+fn reject(object: &str, field: impl Into<String>, reason: impl Into<String>) -> Rejected {
+    Rejected {
+        object: object.to_string(),
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_protocol(object: &str, field: &str, p: Option<&String>) -> Result<Protocol, Rejected> {
+    match p.map(String::as_str) {
+        None | Some("TCP") => Ok(Protocol::Tcp),
+        Some("UDP") => Ok(Protocol::Udp),
+        Some("SCTP") => Ok(Protocol::Sctp),
+        Some(other) => Err(reject(
+            object,
+            field,
+            format!("{other:?} is not a supported protocol (TCP, UDP or SCTP)"),
+        )),
+    }
+}
+
+fn parse_port(object: &str, field: &str, port: i32) -> Result<u16, Rejected> {
+    u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| reject(object, field, format!("{port} is not a valid port")))
+}
+
+/// IANA_SVC_NAME: 1-15 lowercase alphanumerics or '-', with a letter, no '--'.
+fn is_port_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().any(|b| b.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
+}
+
+pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Rejected> {
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let key = ServiceKey {
+        namespace: namespace_of(&svc.metadata),
+        name: name.clone(),
+    };
+    let object = format!("Service {key}");
+    if name.is_empty() {
+        return Err(reject(&object, "metadata.name", "must be set"));
+    }
+    if let Some(proxy) = svc
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL))
+    {
+        return Ok(Converted::Skipped(Skip::OtherProxy(proxy.clone())));
+    }
+    let spec = svc
+        .spec
+        .as_ref()
+        .ok_or_else(|| reject(&object, "spec", "must be set"))?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok(Converted::Skipped(Skip::ExternalName));
+    }
+    if spec.cluster_ip.as_deref() == Some("None") {
+        return Ok(Converted::Skipped(Skip::Headless));
+    }
+    let ip_strings: Vec<(String, &String)> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip))
+            .collect(),
+        (_, Some(ip)) if !ip.is_empty() => vec![("spec.clusterIP".to_string(), ip)],
+        _ => {
+            return Err(reject(
+                &object,
+                "spec.clusterIP",
+                "not set (a ClusterIP is allocated by the API server; manifests must carry it)",
+            ))
+        }
+    };
+    let mut cluster_ips = Vec::new();
+    for (field, s) in ip_strings {
+        let ip: IpAddr = s
+            .parse()
+            .map_err(|_| reject(&object, &field, format!("{s:?} is not an IP address")))?;
+        if cluster_ips
+            .iter()
+            .any(|c: &IpAddr| Family::of(c) == Family::of(&ip))
+        {
+            return Err(reject(&object, &field, "two ClusterIPs of the same family"));
+        }
+        cluster_ips.push(ip);
+    }
+    let k8s_ports = spec.ports.as_deref().unwrap_or_default();
+    let mut ports: Vec<ServicePort> = Vec::new();
+    for (i, p) in k8s_ports.iter().enumerate() {
+        let field = |f: &str| format!("spec.ports[{i}].{f}");
+        let port_name = p.name.clone().unwrap_or_default();
+        if port_name.is_empty() && k8s_ports.len() > 1 {
+            return Err(reject(
+                &object,
+                field("name"),
+                "must be set when a Service has several ports",
+            ));
+        }
+        let protocol = parse_protocol(&object, &field("protocol"), p.protocol.as_ref())?;
+        let port = parse_port(&object, &field("port"), p.port)?;
+        let target_port = match &p.target_port {
+            None => TargetPort::Number(port),
+            Some(IntOrString::Int(n)) => {
+                TargetPort::Number(parse_port(&object, &field("targetPort"), *n)?)
+            }
+            Some(IntOrString::String(s)) => match s.parse::<i32>() {
+                Ok(n) => TargetPort::Number(parse_port(&object, &field("targetPort"), n)?),
+                Err(_) if is_port_name(s) => TargetPort::Named(s.clone()),
+                Err(_) => {
+                    return Err(reject(
+                        &object,
+                        field("targetPort"),
+                        format!("{s:?} is neither a port number nor a port name"),
+                    ))
+                }
+            },
+        };
+        if ports.iter().any(|q| q.name == port_name) {
+            return Err(reject(
+                &object,
+                field("name"),
+                format!("duplicate port name {port_name:?}"),
+            ));
+        }
+        if ports
+            .iter()
+            .any(|q| q.port == port && q.protocol == protocol)
+        {
+            return Err(reject(
+                &object,
+                field("port"),
+                format!("duplicate {protocol} port {port}"),
+            ));
+        }
+        ports.push(ServicePort {
+            name: port_name,
+            protocol,
+            port,
+            target_port,
+        });
+    }
+    Ok(Converted::Valid(Service {
+        key,
+        cluster_ips,
+        ports,
+    }))
+}
+
+pub fn convert_endpoint_slice(
+    slice: &discovery::EndpointSlice,
+) -> Result<Converted<EndpointSlice>, Rejected> {
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let namespace = namespace_of(&slice.metadata);
+    let object = format!("EndpointSlice {namespace}/{name}");
+    if name.is_empty() {
+        return Err(reject(&object, "metadata.name", "must be set"));
+    }
+    let service = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            reject(
+                &object,
+                "metadata.labels",
+                format!("no {SERVICE_NAME_LABEL} label"),
+            )
+        })?;
+    let family = match slice.address_type.as_str() {
+        "IPv4" => Family::Ip,
+        "IPv6" => Family::Ip6,
+        "FQDN" => return Ok(Converted::Skipped(Skip::Fqdn)),
+        other => {
+            return Err(reject(
+                &object,
+                "addressType",
+                format!("{other:?} is not IPv4, IPv6 or FQDN"),
+            ))
+        }
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice
+        .ports
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let field = |f: &str| format!("ports[{i}].{f}");
+        let Some(port) = p.port else {
+            // A nil port means "all ports", which Services never produce; nothing to DNAT to.
+            continue;
+        };
+        ports.push(EndpointPort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: parse_protocol(&object, &field("protocol"), p.protocol.as_ref())?,
+            port: parse_port(&object, &field("port"), port)?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
+        let cond = ep.conditions.as_ref();
+        // Unknown readiness is ready; serving defaults to ready; terminating to false.
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        let conditions = Conditions {
+            ready,
+            serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+        };
+        // Only the first address is used, as the API documents.
+        let Some(a) = ep.addresses.first() else {
+            return Err(reject(
+                &object,
+                format!("endpoints[{i}].addresses"),
+                "is empty",
+            ));
+        };
+        let field = format!("endpoints[{i}].addresses[0]");
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| reject(&object, &field, format!("{a:?} is not an IP address")))?;
+        if Family::of(&addr) != family {
+            return Err(reject(
+                &object,
+                &field,
+                format!("{a} does not match addressType {}", slice.address_type),
+            ));
+        }
+        endpoints.push(Endpoint {
+            addr,
+            conditions,
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+        });
+    }
+    Ok(Converted::Valid(EndpointSlice {
+        name,
+        service: ServiceKey {
+            namespace,
+            name: service.clone(),
+        },
+        family,
+        ports,
+        endpoints,
+    }))
+}
+
+pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let object = format!("Node {name}");
+    if name.is_empty() {
+        return Err(reject(&object, "metadata.name", "must be set"));
+    }
+    let mut addresses = Vec::new();
+    if let Some(status) = &node.status {
+        for (i, a) in status
+            .addresses
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+        {
+            if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
+                addresses.push(a.address.parse().map_err(|_| {
+                    reject(
+                        &object,
+                        format!("status.addresses[{i}].address"),
+                        format!("{:?} is not an IP address", a.address),
+                    )
+                })?);
+            }
+        }
+    }
+    Ok(NodeInfo {
+        name,
+        zone: node
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ZONE_LABEL))
+            .cloned(),
+        addresses,
+    })
+}
+
+/// Objects as read from a source, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct Objects {
+    pub services: Vec<core::Service>,
+    pub slices: Vec<discovery::EndpointSlice>,
+    pub nodes: Vec<core::Node>,
+}
+
+/// The result of validating a batch of objects.
+#[derive(Debug, Clone, Default)]
+pub struct Validated {
+    pub state: ClusterState,
+    pub rejected: Vec<Rejected>,
+    pub skipped: Vec<(String, Skip)>,
+}
+
+/// Validates every object on its own; `node_name` picks this node's Node object.
+pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
+    let mut out = Validated::default();
+    for s in &objects.services {
+        match convert_service(s) {
+            Ok(Converted::Valid(svc)) => {
+                out.state.services.insert(svc.key.clone(), svc);
+            }
+            Ok(Converted::Skipped(why)) => out.skipped.push((
+                format!(
+                    "Service {}/{}",
+                    namespace_of(&s.metadata),
+                    s.metadata.name.clone().unwrap_or_default()
+                ),
+                why,
+            )),
+            Err(r) => out.rejected.push(r),
+        }
+    }
+    for s in &objects.slices {
+        match convert_endpoint_slice(s) {
+            Ok(Converted::Valid(slice)) => {
+                out.state
+                    .slices
+                    .entry(slice.service.clone())
+                    .or_default()
+                    .insert(slice.name.clone(), slice);
+            }
+            Ok(Converted::Skipped(why)) => out.skipped.push((
+                format!(
+                    "EndpointSlice {}",
+                    s.metadata.name.clone().unwrap_or_default()
+                ),
+                why,
+            )),
+            Err(r) => out.rejected.push(r),
+        }
+    }
+    for n in &objects.nodes {
+        if node_name.is_some_and(|want| n.metadata.name.as_deref() != Some(want)) {
+            continue;
+        }
+        match convert_node(n) {
+            Ok(info) => out.state.node = Some(info),
+            Err(r) => out.rejected.push(r),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(yaml: &str) -> core::Service {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn slice(yaml: &str) -> discovery::EndpointSlice {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    const WEB: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.0.0.10
+  ports:
+  - {name: http, port: 80, targetPort: http-alt}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+"#;
+
+    #[test]
+    fn service_with_named_and_numeric_target_ports_is_valid() {
+        let Ok(Converted::Valid(svc)) = convert_service(&service(WEB)) else {
+            panic!("expected a valid service");
+        };
+        assert_eq!(
+            svc.cluster_ips,
+            vec!["10.0.0.10".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            svc.ports[0].target_port,
+            TargetPort::Named("http-alt".into())
+        );
+        assert_eq!(svc.ports[1].protocol, Protocol::Udp);
+        assert_eq!(svc.ports[1].target_port, TargetPort::Number(5353));
+    }
+
+    #[test]
+    fn port_zero_is_rejected_with_object_and_field() {
+        let bad = WEB.replace("port: 53,", "port: 0,");
+        let err = convert_service(&service(&bad)).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "Service default/web: spec.ports[1].port: 0 is not a valid port"
+        );
+    }
+
+    #[test]
+    fn unknown_protocol_and_bad_ip_are_rejected() {
+        let bad = WEB.replace("protocol: UDP", "protocol: ICMP");
+        let err = convert_service(&service(&bad)).err().unwrap();
+        assert_eq!(err.field, "spec.ports[1].protocol");
+        let bad = WEB.replace("10.0.0.10", "10.0.0.300");
+        let err = convert_service(&service(&bad)).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "Service default/web: spec.clusterIP: \"10.0.0.300\" is not an IP address"
+        );
+    }
+
+    #[test]
+    fn services_a_proxy_must_leave_alone_are_skipped() {
+        let headless = WEB.replace("clusterIP: 10.0.0.10", "clusterIP: None");
+        assert!(matches!(
+            convert_service(&service(&headless)),
+            Ok(Converted::Skipped(Skip::Headless))
+        ));
+        let ext = "apiVersion: v1\nkind: Service\nmetadata: {name: e}\nspec: {type: ExternalName, externalName: example.org}";
+        assert!(matches!(
+            convert_service(&service(ext)),
+            Ok(Converted::Skipped(Skip::ExternalName))
+        ));
+        let other = WEB.replace(
+            "namespace: default}",
+            "namespace: default, labels: {service.kubernetes.io/service-proxy-name: other}}",
+        );
+        assert!(matches!(
+            convert_service(&service(&other)),
+            Ok(Converted::Skipped(Skip::OtherProxy(_)))
+        ));
+    }
+
+    const SLICE: &str = r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-a
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- addresses: [10.244.0.11]
+- addresses: [10.244.0.12]
+  conditions: {ready: false, serving: true, terminating: true}
+"#;
+
+    #[test]
+    fn slice_without_service_name_label_is_rejected() {
+        let bad = SLICE.replace("labels: {kubernetes.io/service-name: web}", "labels: {}");
+        let err = convert_endpoint_slice(&slice(&bad)).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "EndpointSlice default/web-a: metadata.labels: no kubernetes.io/service-name label"
+        );
+    }
+
+    #[test]
+    fn endpoint_address_of_the_wrong_family_is_rejected() {
+        let bad = SLICE.replace("[10.244.0.12]", "[fd00::12]");
+        let err = convert_endpoint_slice(&slice(&bad)).err().unwrap();
+        assert_eq!(err.field, "endpoints[1].addresses[0]");
+    }
+
+    #[test]
+    fn slices_are_merged_and_deduplicated_preferring_ready() {
+        let second = SLICE
+            .replace("name: web-a", "name: web-b")
+            .replace(
+                "- addresses: [10.244.0.11]\n",
+                "- addresses: [10.244.0.13]\n",
+            )
+            .replace(
+                "{ready: false, serving: true, terminating: true}",
+                "{ready: true}",
+            );
+        let objects = Objects {
+            services: vec![service(WEB)],
+            slices: vec![slice(SLICE), slice(&second)],
+            nodes: vec![],
+        };
+        let v = build_state(&objects, None);
+        assert!(v.rejected.is_empty(), "{:?}", v.rejected);
+        let svc = v.state.services.values().next().unwrap();
+        let eps = v.state.endpoints_for(svc, &svc.ports[0]);
+        let addrs: Vec<String> = eps
+            .iter()
+            .map(|e| format!("{}:{}/{}", e.addr, e.port, e.conditions.ready))
+            .collect();
+        assert_eq!(
+            addrs,
+            vec![
+                "10.244.0.11:8080/true",
+                "10.244.0.12:8080/true",
+                "10.244.0.13:8080/true"
+            ]
+        );
+        // The UDP port has no slice port of that name: no endpoints.
+        assert!(v.state.endpoints_for(svc, &svc.ports[1]).is_empty());
+    }
+}

@@ -1,0 +1,597 @@
+//! Lowering: ruleset objects → what the kernel stores (expressions, key bytes, userdata).
+//!
+//! The output is exactly what `nft` 1.0.x writes for the same text (checked by the
+//! parity tests against `nft --debug=netlink`), so `nft list ruleset` decompiles our
+//! rules as if `nft -f` had loaded them. Readback decodes the kernel into the same
+//! `Kernel*` types, which is what makes desired and actual comparable.
+
+use super::expr::{
+    reg32, CmpOp, Data, Expr, MetaKey, PayloadBase, NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1,
+    REG_2, REG_VERDICT,
+};
+use crate::ruleset::{
+    BaseChain, Chain, Element, Family, Field, KeyType, KeyValue, Rule, Set, Stmt, Table, Verdict,
+};
+use std::net::IpAddr;
+
+/// `NFT_SET_MAP`.
+pub const SET_F_MAP: u32 = 0x8;
+/// `NFT_DATA_VERDICT`: the data type of a verdict map.
+pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelTable {
+    pub family: Family,
+    pub name: String,
+    pub userdata: Option<Vec<u8>>,
+    pub sets: Vec<KernelSet>,
+    pub chains: Vec<KernelChain>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelChain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub userdata: Option<Vec<u8>>,
+    pub rules: Vec<KernelRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelRule {
+    /// Assigned by the kernel; `None` for a rule not written yet.
+    pub handle: Option<u64>,
+    pub exprs: Vec<Expr>,
+    pub userdata: Option<Vec<u8>>,
+}
+
+impl KernelRule {
+    /// Same bytecode and comment, whatever the handle and counter values.
+    pub fn same_as(&self, other: &KernelRule) -> bool {
+        self.userdata == other.userdata
+            && self.exprs.len() == other.exprs.len()
+            && self
+                .exprs
+                .iter()
+                .zip(&other.exprs)
+                .all(|(a, b)| a.same_shape(b))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSet {
+    pub name: String,
+    pub flags: u32,
+    pub key_type: u32,
+    pub key_len: u32,
+    pub data_type: Option<u32>,
+    pub userdata: Option<Vec<u8>>,
+    pub elements: Vec<KernelElement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelElement {
+    pub key: Vec<u8>,
+    pub verdict: Option<Verdict>,
+    pub userdata: Option<Vec<u8>>,
+}
+
+// libnftnl's userdata TLVs (type u8, length u8, value), and nft's datatype ids.
+const UDATA_COMMENT: u8 = 0; // table, chain, rule and element comments
+const UDATA_SET_KEYBYTEORDER: u8 = 0;
+const UDATA_SET_DATABYTEORDER: u8 = 1;
+const UDATA_SET_KEY_TYPEOF: u8 = 3;
+const UDATA_SET_DATA_INTERVAL: u8 = 6;
+const UDATA_SET_COMMENT: u8 = 7;
+const BYTEORDER_INVALID: u32 = 0;
+const BYTEORDER_BIG_ENDIAN: u32 = 2;
+/// nft's `EXPR_CONCAT`, recorded as the "typeof" of a concatenated key.
+const EXPR_CONCAT: u32 = 13;
+const TYPE_BITS: u32 = 6;
+
+fn udata_tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
+    out.push(kind);
+    out.push(value.len() as u8);
+    out.extend_from_slice(value);
+}
+
+fn strz(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+/// The userdata `nft` writes for a table, chain, rule or element comment.
+pub fn comment_udata(comment: &Option<String>) -> Option<Vec<u8>> {
+    comment.as_ref().map(|c| {
+        let mut out = Vec::new();
+        udata_tlv(&mut out, UDATA_COMMENT, &strz(c));
+        out
+    })
+}
+
+/// Reads a comment back out of such userdata.
+pub fn udata_comment(udata: &Option<Vec<u8>>, kind: u8) -> Option<String> {
+    let mut rest = udata.as_deref()?;
+    while rest.len() >= 2 {
+        let (t, len) = (rest[0], rest[1] as usize);
+        let value = rest.get(2..2 + len)?;
+        if t == kind {
+            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            return String::from_utf8(value[..end].to_vec()).ok();
+        }
+        rest = &rest[2 + len..];
+    }
+    None
+}
+
+pub fn comment_of(udata: &Option<Vec<u8>>) -> Option<String> {
+    udata_comment(udata, UDATA_COMMENT)
+}
+
+pub fn set_comment_of(udata: &Option<Vec<u8>>) -> Option<String> {
+    udata_comment(udata, UDATA_SET_COMMENT)
+}
+
+impl KeyType {
+    /// nft's datatype id.
+    pub fn type_id(self) -> u32 {
+        match self {
+            KeyType::Ipv4Addr => 7,
+            KeyType::Ipv6Addr => 8,
+            KeyType::InetProto => 12,
+            KeyType::InetService => 13,
+        }
+    }
+
+    /// Bytes of the value; in a concatenation each field is padded to 4.
+    pub fn size(self) -> u32 {
+        match self {
+            KeyType::Ipv4Addr => 4,
+            KeyType::Ipv6Addr => 16,
+            KeyType::InetProto => 1,
+            KeyType::InetService => 2,
+        }
+    }
+}
+
+fn padded(n: u32) -> u32 {
+    (n + 3) & !3
+}
+
+pub fn lower_set(set: &Set) -> KernelSet {
+    let key_type = set
+        .key
+        .iter()
+        .fold(0, |acc, k| (acc << TYPE_BITS) | k.type_id());
+    let key_len = if set.key.len() == 1 {
+        set.key[0].size()
+    } else {
+        set.key.iter().map(|k| padded(k.size())).sum()
+    };
+    let mut ud = Vec::new();
+    let key_order = if set.key.len() == 1 {
+        BYTEORDER_BIG_ENDIAN
+    } else {
+        BYTEORDER_INVALID
+    };
+    udata_tlv(&mut ud, UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
+    if set.verdict_map {
+        udata_tlv(&mut ud, UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
+    }
+    if set.key.len() > 1 {
+        // A nest: TYPEOF_EXPR = EXPR_CONCAT, then an empty TYPEOF_DATA.
+        let mut nest = Vec::new();
+        udata_tlv(&mut nest, 0, &EXPR_CONCAT.to_ne_bytes());
+        udata_tlv(&mut nest, 1, &[]);
+        udata_tlv(&mut ud, UDATA_SET_KEY_TYPEOF, &nest);
+    }
+    if set.verdict_map {
+        udata_tlv(&mut ud, UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
+    }
+    if let Some(c) = &set.comment {
+        udata_tlv(&mut ud, UDATA_SET_COMMENT, &strz(c));
+    }
+    KernelSet {
+        name: set.name.clone(),
+        flags: if set.verdict_map { SET_F_MAP } else { 0 },
+        key_type,
+        key_len,
+        data_type: set.verdict_map.then_some(DATA_TYPE_VERDICT),
+        userdata: Some(ud),
+        elements: set
+            .elements
+            .iter()
+            .map(|e| lower_element(e, set.key.len() > 1))
+            .collect(),
+    }
+}
+
+pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in key {
+        match v {
+            KeyValue::Addr(IpAddr::V4(a)) => out.extend_from_slice(&a.octets()),
+            KeyValue::Addr(IpAddr::V6(a)) => out.extend_from_slice(&a.octets()),
+            KeyValue::Proto(p) => out.push(p.number()),
+            KeyValue::Port(p) => out.extend_from_slice(&p.to_be_bytes()),
+        }
+        if concatenated {
+            out.resize(padded(out.len() as u32) as usize, 0);
+        }
+    }
+    out
+}
+
+pub fn lower_element(e: &Element, concatenated: bool) -> KernelElement {
+    KernelElement {
+        key: lower_key(&e.key, concatenated),
+        verdict: e.verdict.clone(),
+        userdata: comment_udata(&e.comment),
+    }
+}
+
+pub fn lower_chain(family: Family, chain: &Chain) -> KernelChain {
+    KernelChain {
+        name: chain.name.clone(),
+        base: chain.base,
+        userdata: comment_udata(&chain.comment),
+        rules: chain.rules.iter().map(|r| lower_rule(family, r)).collect(),
+    }
+}
+
+pub fn lower_table(table: &Table) -> KernelTable {
+    KernelTable {
+        family: table.family,
+        name: table.name.clone(),
+        userdata: comment_udata(&table.comment),
+        sets: table.sets.iter().map(lower_set).collect(),
+        chains: table
+            .chains
+            .iter()
+            .map(|c| lower_chain(table.family, c))
+            .collect(),
+    }
+}
+
+pub fn lower_rule(family: Family, rule: &Rule) -> KernelRule {
+    let mut exprs = Vec::new();
+    for s in &rule.stmts {
+        lower_stmt(family, s, &mut exprs);
+    }
+    KernelRule {
+        handle: None,
+        exprs,
+        userdata: comment_udata(&rule.comment),
+    }
+}
+
+/// Loads `field` into the 32-bit register slot `slot`; returns the slots used.
+fn load_field(family: Family, field: Field, slot: u32, out: &mut Vec<Expr>) -> u32 {
+    let dreg = reg32(slot);
+    match field {
+        Field::Saddr | Field::Daddr => {
+            let (offset, len) = addr_location(family, field);
+            out.push(Expr::Payload {
+                dreg,
+                base: PayloadBase::Network,
+                offset,
+                len,
+            });
+            len / 4
+        }
+        Field::L4Proto => {
+            out.push(Expr::Meta {
+                dreg,
+                key: MetaKey::L4Proto,
+            });
+            1
+        }
+        Field::Dport => {
+            out.push(Expr::Payload {
+                dreg,
+                base: PayloadBase::Transport,
+                offset: 2,
+                len: 2,
+            });
+            1
+        }
+    }
+}
+
+fn addr_location(family: Family, field: Field) -> (u32, u32) {
+    match (family, field) {
+        (Family::Ip, Field::Saddr) => (12, 4),
+        (Family::Ip, _) => (16, 4),
+        (Family::Ip6, Field::Saddr) => (8, 16),
+        (Family::Ip6, _) => (24, 16),
+    }
+}
+
+fn load_concat(family: Family, fields: &[Field], out: &mut Vec<Expr>) {
+    let mut slot = 0;
+    for f in fields {
+        slot += load_field(family, *f, slot, out);
+    }
+}
+
+fn addr_bytes(a: &IpAddr) -> Vec<u8> {
+    match a {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn mark_rewrite(mask: u32, xor: u32, out: &mut Vec<Expr>) {
+    out.push(Expr::Meta {
+        dreg: REG_1,
+        key: MetaKey::Mark,
+    });
+    out.push(Expr::Bitwise {
+        sreg: REG_1,
+        dreg: REG_1,
+        len: 4,
+        mask: mask.to_ne_bytes().to_vec(),
+        xor: xor.to_ne_bytes().to_vec(),
+    });
+    out.push(Expr::MetaSet {
+        sreg: REG_1,
+        key: MetaKey::Mark,
+    });
+}
+
+pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
+    let cmp = |op, data: Vec<u8>| Expr::Cmp {
+        sreg: REG_1,
+        op,
+        data,
+    };
+    match stmt {
+        Stmt::AddrMatch { field, net, negate } => {
+            let op = if *negate { CmpOp::Neq } else { CmpOp::Eq };
+            let (offset, len) = addr_location(family, *field);
+            let prefix = net.prefix_len() as u32;
+            let addr = addr_bytes(&net.network());
+            if prefix % 8 == 0 {
+                // nft loads only the whole bytes a byte-aligned prefix covers.
+                out.push(Expr::Payload {
+                    dreg: REG_1,
+                    base: PayloadBase::Network,
+                    offset,
+                    len: prefix / 8,
+                });
+                out.push(cmp(op, addr[..(prefix / 8) as usize].to_vec()));
+            } else {
+                out.push(Expr::Payload {
+                    dreg: REG_1,
+                    base: PayloadBase::Network,
+                    offset,
+                    len,
+                });
+                out.push(Expr::Bitwise {
+                    sreg: REG_1,
+                    dreg: REG_1,
+                    len,
+                    mask: addr_bytes(&net.netmask()),
+                    xor: vec![0; len as usize],
+                });
+                out.push(cmp(op, addr));
+            }
+        }
+        Stmt::L4Proto(p) => {
+            out.push(Expr::Meta {
+                dreg: REG_1,
+                key: MetaKey::L4Proto,
+            });
+            out.push(cmp(CmpOp::Eq, vec![p.number()]));
+        }
+        Stmt::CtStateNew => {
+            const CT_STATE_NEW: u32 = 8;
+            out.push(Expr::CtState { dreg: REG_1 });
+            out.push(Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: 4,
+                mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+                xor: vec![0; 4],
+            });
+            out.push(cmp(CmpOp::Neq, vec![0; 4]));
+        }
+        Stmt::MarkHas(m) => {
+            out.push(Expr::Meta {
+                dreg: REG_1,
+                key: MetaKey::Mark,
+            });
+            out.push(Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: 4,
+                mask: m.to_ne_bytes().to_vec(),
+                xor: vec![0; 4],
+            });
+            out.push(cmp(CmpOp::Eq, m.to_ne_bytes().to_vec()));
+        }
+        Stmt::NumgenEq { modulus, value } => {
+            out.push(Expr::Numgen {
+                dreg: REG_1,
+                modulus: *modulus,
+            });
+            // numgen's result is host endian.
+            out.push(cmp(CmpOp::Eq, value.to_ne_bytes().to_vec()));
+        }
+        Stmt::InSet { fields, set } => {
+            load_concat(family, fields, out);
+            out.push(Expr::Lookup {
+                sreg: REG_1,
+                set: set.clone(),
+                dreg: None,
+                invert: false,
+            });
+        }
+        Stmt::Vmap { fields, map } => {
+            load_concat(family, fields, out);
+            out.push(Expr::Lookup {
+                sreg: REG_1,
+                set: map.clone(),
+                dreg: Some(REG_VERDICT),
+                invert: false,
+            });
+        }
+        Stmt::MarkOr(m) => mark_rewrite(!m, *m, out),
+        Stmt::MarkXor(m) => mark_rewrite(u32::MAX, *m, out),
+        Stmt::Dnat { addr, port } => {
+            out.push(Expr::Immediate {
+                dreg: REG_1,
+                data: Data::Value(addr_bytes(addr)),
+            });
+            out.push(Expr::Immediate {
+                dreg: REG_2,
+                data: Data::Value(port.to_be_bytes().to_vec()),
+            });
+            out.push(Expr::Dnat {
+                family: family.nfproto(),
+                addr_reg: REG_1,
+                proto_reg: Some(REG_2),
+                flags: NAT_PROTO_SPECIFIED,
+            });
+        }
+        Stmt::Masquerade { fully_random } => out.push(Expr::Masq {
+            flags: if *fully_random { NAT_RANDOM_FULLY } else { 0 },
+        }),
+        Stmt::Reject => {
+            // NFT_REJECT_ICMP_UNREACH with "port unreachable" of the family's ICMP.
+            let code = match family {
+                Family::Ip => 3,
+                Family::Ip6 => 4,
+            };
+            out.push(Expr::Reject { kind: 0, code });
+        }
+        Stmt::Counter => out.push(Expr::Counter {
+            packets: 0,
+            bytes: 0,
+        }),
+        Stmt::Verdict(v) => out.push(Expr::Immediate {
+            dreg: REG_VERDICT,
+            data: Data::Verdict(v.clone()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ruleset::Protocol;
+
+    // Expected bytecode below is what `nft --debug=netlink` 1.0.6 prints for the rule.
+
+    #[test]
+    fn byte_aligned_prefix_loads_only_the_prefix_bytes() {
+        let mut out = Vec::new();
+        lower_stmt(
+            Family::Ip,
+            &Stmt::AddrMatch {
+                field: Field::Saddr,
+                net: "10.244.0.0/16".parse().unwrap(),
+                negate: true,
+            },
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![
+                Expr::Payload {
+                    dreg: 1,
+                    base: PayloadBase::Network,
+                    offset: 12,
+                    len: 2
+                },
+                Expr::Cmp {
+                    sreg: 1,
+                    op: CmpOp::Neq,
+                    data: vec![10, 244]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn unaligned_ipv6_prefix_is_masked() {
+        let mut out = Vec::new();
+        lower_stmt(
+            Family::Ip6,
+            &Stmt::AddrMatch {
+                field: Field::Saddr,
+                net: "fd00:10:244::/52".parse().unwrap(),
+                negate: true,
+            },
+            &mut out,
+        );
+        assert_eq!(out.len(), 3);
+        match &out[1] {
+            Expr::Bitwise { len, mask, .. } => {
+                assert_eq!(*len, 16);
+                assert_eq!(&mask[..8], &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf0, 0]);
+            }
+            other => panic!("expected bitwise, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn concatenated_ipv6_key_uses_nft_registers() {
+        let mut out = Vec::new();
+        lower_stmt(
+            Family::Ip6,
+            &Stmt::Vmap {
+                fields: vec![Field::Daddr, Field::L4Proto, Field::Dport],
+                map: "service-ips".into(),
+            },
+            &mut out,
+        );
+        let dregs: Vec<u32> = out
+            .iter()
+            .filter_map(|e| match e {
+                Expr::Payload { dreg, .. } | Expr::Meta { dreg, .. } => Some(*dreg),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dregs, vec![1, 2, 13]);
+    }
+
+    #[test]
+    fn service_map_key_is_padded_per_field() {
+        let key = lower_key(
+            &[
+                KeyValue::Addr("10.0.1.175".parse().unwrap()),
+                KeyValue::Proto(Protocol::Tcp),
+                KeyValue::Port(80),
+            ],
+            true,
+        );
+        assert_eq!(key, vec![10, 0, 1, 175, 6, 0, 0, 0, 0, 80, 0, 0]);
+    }
+
+    #[test]
+    fn service_map_type_matches_nft() {
+        let set = lower_set(&Set {
+            name: "service-ips".into(),
+            key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
+            verdict_map: true,
+            comment: None,
+            elements: vec![],
+        });
+        assert_eq!(set.key_type, 0x730d);
+        assert_eq!(set.key_len, 12);
+        assert_eq!(set.flags, SET_F_MAP);
+        assert_eq!(
+            set.userdata.unwrap(),
+            vec![
+                0, 4, 0, 0, 0, 0, 1, 4, 0, 0, 0, 0, 3, 8, 0, 4, 13, 0, 0, 0, 1, 0, 6, 4, 0, 0, 0, 0
+            ]
+        );
+    }
+
+    #[test]
+    fn comments_round_trip_through_userdata() {
+        let c = Some("default/hostnames:http".to_string());
+        assert_eq!(comment_of(&comment_udata(&c)), c);
+    }
+}

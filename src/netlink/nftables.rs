@@ -1,0 +1,873 @@
+//! nf_tables over netlink: transactions (batches) and readback (dumps).
+//!
+//! A `Batch` is built from kernel-level objects (see `lower`) and sent in one
+//! `sendmsg`, so the kernel applies all of it or none of it. Only the last message
+//! asks for an ack; any failing message is reported with its sequence number, which
+//! maps back to a description of the object the kernel refused.
+
+use super::attr::{AttrWriter, Attrs, ParseError, Payload};
+use super::expr::{
+    parse_data, parse_list, write_verdict, Data, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
+};
+use super::lower::{KernelChain, KernelElement, KernelRule, KernelSet, KernelTable};
+use crate::ruleset::{BaseChain, ChainType, Family, Hook};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
+use std::io;
+
+const NLMSG_HDRLEN: usize = 16;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+/// Set on an error message that carries extended-ack TLVs after the request header.
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 16;
+const NFNL_MSG_BATCH_END: u16 = 17;
+
+// enum nf_tables_msg_types
+const NEWTABLE: u16 = 0;
+const GETTABLE: u16 = 1;
+const DELTABLE: u16 = 2;
+const NEWCHAIN: u16 = 3;
+const GETCHAIN: u16 = 4;
+const DELCHAIN: u16 = 5;
+const NEWRULE: u16 = 6;
+const GETRULE: u16 = 7;
+const DELRULE: u16 = 8;
+const NEWSET: u16 = 9;
+const GETSET: u16 = 10;
+const DELSET: u16 = 11;
+const NEWSETELEM: u16 = 12;
+const GETSETELEM: u16 = 13;
+const DELSETELEM: u16 = 14;
+
+/// A NEWSETELEM's element list is one attribute, whose length is a u16.
+const MAX_ELEMENTS_BYTES: usize = 60_000;
+
+fn msg_type(m: u16) -> u16 {
+    (NFNL_SUBSYS_NFTABLES << 8) | m
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("the kernel refused to {what}: {source}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Refused {
+        what: String,
+        source: io::Error,
+        detail: Option<String>,
+    },
+    #[error("netlink: {0}")]
+    Io(#[from] io::Error),
+    #[error("reading the kernel's answer: {0}")]
+    Parse(#[from] ParseError),
+}
+
+/// One nf_tables transaction being built.
+pub struct Batch {
+    buf: Vec<u8>,
+    seq: u32,
+    /// (sequence number, what the message does), to name a refused object.
+    described: Vec<(u32, String)>,
+    last_msg_at: Option<usize>,
+    /// The kernel requires a transaction-unique id on every new set.
+    next_set_id: u32,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn put_header(
+    buf: &mut Vec<u8>,
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    family: u8,
+    res_id: u16,
+) -> usize {
+    let at = buf.len();
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes());
+    buf.push(family);
+    buf.push(0); // NFNETLINK_V0
+    buf.extend_from_slice(&res_id.to_be_bytes());
+    at
+}
+
+fn finish_msg(buf: &mut [u8], at: usize) {
+    let len = (buf.len() - at) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
+}
+
+impl Batch {
+    pub fn new() -> Self {
+        let mut buf = Vec::with_capacity(4096);
+        let at = put_header(
+            &mut buf,
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            0,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        finish_msg(&mut buf, at);
+        Batch {
+            buf,
+            seq: 1,
+            described: Vec::new(),
+            last_msg_at: None,
+            next_set_id: 1,
+        }
+    }
+
+    /// Number of object messages (not counting the batch framing).
+    pub fn len(&self) -> usize {
+        self.described.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.described.is_empty()
+    }
+
+    fn message(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        family: Family,
+        what: String,
+        body: impl FnOnce(&mut AttrWriter),
+    ) {
+        let seq = self.seq;
+        self.seq += 1;
+        let buf = std::mem::take(&mut self.buf);
+        let mut w = AttrWriter::over(buf);
+        let at = {
+            let mut b = w.into_bytes();
+            let at = put_header(
+                &mut b,
+                msg_type(kind),
+                NLM_F_REQUEST | flags,
+                seq,
+                family.nfproto(),
+                0,
+            );
+            w = AttrWriter::over(b);
+            at
+        };
+        body(&mut w);
+        self.buf = w.into_bytes();
+        finish_msg(&mut self.buf, at);
+        self.last_msg_at = Some(at);
+        self.described.push((seq, what));
+    }
+
+    pub fn add_table(&mut self, family: Family, name: &str, userdata: Option<&[u8]>) {
+        let what = format!("add table {} {name}", family.keyword());
+        self.message(NEWTABLE, NLM_F_CREATE, family, what, |w| {
+            w.put_str(1, name);
+            w.put_u32(2, 0);
+            if let Some(u) = userdata {
+                w.put(6, u);
+            }
+        });
+    }
+
+    pub fn delete_table(&mut self, family: Family, name: &str) {
+        let what = format!("delete table {} {name}", family.keyword());
+        self.message(DELTABLE, 0, family, what, |w| w.put_str(1, name));
+    }
+
+    /// Creates the chain, without its rules.
+    pub fn add_chain(&mut self, family: Family, table: &str, chain: &KernelChain) {
+        let what = format!("add chain {} {table} {}", family.keyword(), chain.name);
+        self.message(NEWCHAIN, NLM_F_CREATE, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(3, &chain.name);
+            if let Some(base) = chain.base {
+                w.put_str(7, base.kind.name());
+                w.put_u32(5, 1); // policy accept
+                w.nest(4, |w| {
+                    w.put_u32(1, base.hook.number());
+                    w.put_u32(2, base.priority as u32);
+                });
+            }
+            if let Some(u) = &chain.userdata {
+                w.put(12, u);
+            }
+        });
+    }
+
+    pub fn flush_chain(&mut self, family: Family, table: &str, chain: &str) {
+        let what = format!("flush chain {} {table} {chain}", family.keyword());
+        self.message(DELRULE, 0, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, chain);
+        });
+    }
+
+    pub fn delete_chain(&mut self, family: Family, table: &str, chain: &str) {
+        let what = format!("delete chain {} {table} {chain}", family.keyword());
+        self.message(DELCHAIN, 0, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(3, chain);
+        });
+    }
+
+    pub fn add_rule(&mut self, family: Family, table: &str, chain: &str, rule: &KernelRule) {
+        let what = format!("add rule to {} {table} chain {chain}", family.keyword());
+        self.message(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, chain);
+            w.nest(4, |w| {
+                for e in &rule.exprs {
+                    e.emit(w);
+                }
+            });
+            if let Some(u) = &rule.userdata {
+                w.put(7, u);
+            }
+        });
+    }
+
+    pub fn delete_rule(&mut self, family: Family, table: &str, chain: &str, handle: u64) {
+        let what = format!(
+            "delete rule {handle} from {} {table} chain {chain}",
+            family.keyword()
+        );
+        self.message(DELRULE, 0, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, chain);
+            w.put_u64(3, handle);
+        });
+    }
+
+    /// Creates the set, without its elements.
+    pub fn add_set(&mut self, family: Family, table: &str, set: &KernelSet) {
+        let what = format!("add set {} {table} {}", family.keyword(), set.name);
+        let id = self.next_set_id;
+        self.next_set_id += 1;
+        self.message(NEWSET, NLM_F_CREATE, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, &set.name);
+            w.put_u32(3, set.flags);
+            w.put_u32(4, set.key_type);
+            w.put_u32(5, set.key_len);
+            if let Some(d) = set.data_type {
+                w.put_u32(6, d);
+                w.put_u32(7, 0);
+            }
+            w.put_u32(10, id);
+            if let Some(u) = &set.userdata {
+                w.put(13, u);
+            }
+        });
+    }
+
+    pub fn delete_set(&mut self, family: Family, table: &str, set: &str) {
+        let what = format!("delete set {} {table} {set}", family.keyword());
+        self.message(DELSET, 0, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, set);
+        });
+    }
+
+    pub fn add_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        elements: &[KernelElement],
+    ) {
+        self.elements(
+            NEWSETELEM,
+            NLM_F_CREATE,
+            "add",
+            family,
+            table,
+            set,
+            elements,
+            true,
+        );
+    }
+
+    pub fn delete_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        elements: &[KernelElement],
+    ) {
+        self.elements(DELSETELEM, 0, "delete", family, table, set, elements, false);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn elements(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        verb: &str,
+        family: Family,
+        table: &str,
+        set: &str,
+        elements: &[KernelElement],
+        with_data: bool,
+    ) {
+        let encoded: Vec<Vec<u8>> = elements
+            .iter()
+            .map(|e| {
+                let mut w = AttrWriter::new();
+                w.nest(1, |w| {
+                    w.nest(1, |w| w.put(NFTA_DATA_VALUE, &e.key));
+                    if let (true, Some(v)) = (with_data, &e.verdict) {
+                        w.nest(2, |w| w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v)));
+                    }
+                    if let (true, Some(u)) = (with_data, &e.userdata) {
+                        w.put(6, u);
+                    }
+                });
+                w.into_bytes()
+            })
+            .collect();
+        let mut start = 0;
+        while start < encoded.len() {
+            let (mut end, mut size) = (start, 0);
+            while end < encoded.len()
+                && (end == start || size + encoded[end].len() <= MAX_ELEMENTS_BYTES)
+            {
+                size += encoded[end].len();
+                end += 1;
+            }
+            let what = format!(
+                "{verb} {} element(s) of {} {table} {set}",
+                end - start,
+                family.keyword()
+            );
+            let chunk = &encoded[start..end];
+            self.message(kind, flags, family, what, |w| {
+                w.put_str(1, table);
+                w.put_str(2, set);
+                w.nest(3, |w| {
+                    for e in chunk {
+                        w.put_raw(e);
+                    }
+                });
+            });
+            start = end;
+        }
+    }
+
+    /// Closes the batch: the last object message asks for the ack.
+    fn finish(mut self) -> (Vec<u8>, Vec<(u32, String)>) {
+        if let Some(at) = self.last_msg_at {
+            let flags_at = at + 6;
+            let flags =
+                u16::from_ne_bytes([self.buf[flags_at], self.buf[flags_at + 1]]) | NLM_F_ACK;
+            self.buf[flags_at..flags_at + 2].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let at = put_header(
+            &mut self.buf,
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            self.seq,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        finish_msg(&mut self.buf, at);
+        (self.buf, self.described)
+    }
+}
+
+impl AttrWriter {
+    /// Appends bytes that are already a sequence of attributes.
+    pub fn put_raw(&mut self, attrs: &[u8]) {
+        let mut buf = std::mem::take(self).into_bytes();
+        buf.extend_from_slice(attrs);
+        *self = AttrWriter::over(buf);
+    }
+}
+
+/// What a committed transaction cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    pub messages: usize,
+    pub bytes: usize,
+}
+
+/// A netlink socket speaking nf_tables, bound in the network namespace of the
+/// thread that opened it.
+pub struct NftSocket {
+    sock: Socket,
+}
+
+struct NlMsg<'a> {
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    payload: &'a [u8],
+}
+
+fn split_messages(buf: &[u8]) -> Result<Vec<NlMsg<'_>>, ParseError> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while rest.len() >= NLMSG_HDRLEN {
+        let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
+        if len < NLMSG_HDRLEN || len > rest.len() {
+            return Err(ParseError::Truncated);
+        }
+        out.push(NlMsg {
+            kind: u16::from_ne_bytes([rest[4], rest[5]]),
+            flags: u16::from_ne_bytes([rest[6], rest[7]]),
+            seq: u32::from_ne_bytes(rest[8..12].try_into().unwrap()),
+            payload: &rest[NLMSG_HDRLEN..len],
+        });
+        rest = &rest[super::attr::align4(len).min(rest.len())..];
+    }
+    Ok(out)
+}
+
+/// An NLMSG_ERROR payload: the errno (0 for an ack) and the extended-ack message.
+fn parse_error(msg: &NlMsg) -> (i32, Option<String>) {
+    let p = msg.payload;
+    if p.len() < 4 {
+        return (-libc_eproto(), None);
+    }
+    let errno = i32::from_ne_bytes(p[0..4].try_into().unwrap());
+    let mut detail = None;
+    if msg.flags & NLM_F_ACK_TLVS != 0 && p.len() >= 4 + NLMSG_HDRLEN {
+        // With NETLINK_CAP_ACK only the request's header is echoed; TLVs follow it.
+        for (k, v) in Attrs::new(&p[4 + NLMSG_HDRLEN..]).flatten() {
+            if k == NLMSGERR_ATTR_MSG {
+                detail = Payload::new("extack", k, v).string().ok();
+            }
+        }
+    }
+    (errno, detail)
+}
+
+fn libc_eproto() -> i32 {
+    71
+}
+
+impl NftSocket {
+    pub fn open() -> io::Result<Self> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        sock.set_cap_ack(true)?;
+        sock.set_ext_ack(true)?;
+        // Large batches and dumps: past the default buffers without touching sysctls.
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&sock, 8 << 20)
+            .map_err(io::Error::from)?;
+        Ok(NftSocket { sock })
+    }
+
+    /// Sends the batch as one transaction. On error nothing was committed.
+    pub fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
+        let messages = batch.len();
+        if messages == 0 {
+            return Ok(Committed {
+                messages: 0,
+                bytes: 0,
+            });
+        }
+        let (bytes, described) = batch.finish();
+        let last_seq = described.last().map(|d| d.0).unwrap_or(0);
+        rustix::net::sockopt::set_socket_send_buffer_size_force(
+            &self.sock,
+            bytes.len() + (64 << 10),
+        )
+        .map_err(io::Error::from)?;
+        let sent = self.sock.send(&bytes, 0)?;
+        if sent != bytes.len() {
+            return Err(NftError::Io(io::Error::other("short netlink send")));
+        }
+        let mut first_error: Option<NftError> = None;
+        loop {
+            let (buf, _) = self.sock.recv_from_full()?;
+            for msg in split_messages(&buf)? {
+                if msg.kind != NLMSG_ERROR {
+                    continue;
+                }
+                let (errno, detail) = parse_error(&msg);
+                if errno != 0 && first_error.is_none() {
+                    let what = described
+                        .iter()
+                        .find(|(s, _)| *s == msg.seq)
+                        .map(|(_, w)| w.clone())
+                        .unwrap_or_else(|| format!("apply message {}", msg.seq));
+                    first_error = Some(NftError::Refused {
+                        what,
+                        source: io::Error::from_raw_os_error(-errno),
+                        detail,
+                    });
+                }
+                // Errors for earlier messages are delivered before the last one's answer.
+                if msg.seq == last_seq {
+                    return match first_error {
+                        Some(e) => Err(e),
+                        None => Ok(Committed {
+                            messages,
+                            bytes: bytes.len(),
+                        }),
+                    };
+                }
+            }
+        }
+    }
+
+    /// A dump request; returns the payload (after the nfgenmsg) of every answer.
+    fn dump(
+        &mut self,
+        kind: u16,
+        family: Family,
+        body: impl FnOnce(&mut AttrWriter),
+    ) -> Result<Vec<Vec<u8>>, NftError> {
+        let mut buf = Vec::new();
+        let at = put_header(
+            &mut buf,
+            msg_type(kind),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            1,
+            family.nfproto(),
+            0,
+        );
+        let mut w = AttrWriter::over(buf);
+        body(&mut w);
+        let mut buf = w.into_bytes();
+        finish_msg(&mut buf, at);
+        self.sock.send(&buf, 0)?;
+        let mut out = Vec::new();
+        loop {
+            let (data, _) = self.sock.recv_from_full()?;
+            for msg in split_messages(&data)? {
+                match msg.kind {
+                    NLMSG_DONE => return Ok(out),
+                    NLMSG_ERROR => {
+                        let (errno, detail) = parse_error(&msg);
+                        if errno == 0 {
+                            return Ok(out);
+                        }
+                        return Err(NftError::Refused {
+                            what: format!("dump {} objects", family.keyword()),
+                            source: io::Error::from_raw_os_error(-errno),
+                            detail,
+                        });
+                    }
+                    _ if msg.payload.len() >= 4 => out.push(msg.payload[4..].to_vec()),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Reads one of our tables back from the kernel; `None` if it does not exist.
+    pub fn read_table(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<Option<KernelTable>, NftError> {
+        let tables = self.dump(GETTABLE, family, |_| {})?;
+        let mut table = None;
+        for t in &tables {
+            let mut tname = None;
+            let mut userdata = None;
+            for a in Attrs::new(t) {
+                let (k, p) = a?;
+                match k {
+                    1 => tname = Some(Payload::new("table", k, p).string()?),
+                    6 => userdata = Some(p.to_vec()),
+                    _ => {}
+                }
+            }
+            if tname.as_deref() == Some(name) {
+                table = Some(KernelTable {
+                    family,
+                    name: name.to_string(),
+                    userdata,
+                    sets: Vec::new(),
+                    chains: Vec::new(),
+                });
+            }
+        }
+        let Some(mut table) = table else {
+            return Ok(None);
+        };
+        for c in self.dump(GETCHAIN, family, |w| w.put_str(1, name))? {
+            if let Some(chain) = parse_chain(&c, name)? {
+                table.chains.push(chain);
+            }
+        }
+        for r in self.dump(GETRULE, family, |w| w.put_str(1, name))? {
+            if let Some((chain, rule)) = parse_rule(&r, name)? {
+                if let Some(c) = table.chains.iter_mut().find(|c| c.name == chain) {
+                    c.rules.push(rule);
+                }
+            }
+        }
+        for s in self.dump(GETSET, family, |w| w.put_str(1, name))? {
+            if let Some(set) = parse_set(&s, name)? {
+                table.sets.push(set);
+            }
+        }
+        for i in 0..table.sets.len() {
+            let set_name = table.sets[i].name.clone();
+            let answers = self.dump(GETSETELEM, family, |w| {
+                w.put_str(1, name);
+                w.put_str(2, &set_name);
+            })?;
+            for a in answers {
+                table.sets[i].elements.extend(parse_elements(&a)?);
+            }
+        }
+        Ok(Some(table))
+    }
+}
+
+fn parse_chain(buf: &[u8], table: &str) -> Result<Option<KernelChain>, NftError> {
+    let (mut tname, mut name, mut kind, mut hook, mut prio, mut userdata) =
+        (None, None, None, None, None, None);
+    for a in Attrs::new(buf) {
+        let (k, p) = a?;
+        let pl = Payload::new("chain", k, p);
+        match k {
+            1 => tname = Some(pl.string()?),
+            3 => name = Some(pl.string()?),
+            7 => kind = Some(pl.string()?),
+            12 => userdata = Some(p.to_vec()),
+            4 => {
+                for h in Attrs::new(p) {
+                    let (hk, hp) = h?;
+                    let hp = Payload::new("chain hook", hk, hp);
+                    match hk {
+                        1 => hook = Some(hp.u32()?),
+                        2 => prio = Some(hp.u32()? as i32),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if tname.as_deref() != Some(table) {
+        return Ok(None);
+    }
+    let base = match (kind.as_deref(), hook, prio) {
+        (Some(kind), Some(hook), Some(priority)) => Some(BaseChain {
+            kind: if kind == "nat" {
+                ChainType::Nat
+            } else {
+                ChainType::Filter
+            },
+            hook: match hook {
+                0 => Hook::Prerouting,
+                1 => Hook::Input,
+                2 => Hook::Forward,
+                3 => Hook::Output,
+                _ => Hook::Postrouting,
+            },
+            priority,
+        }),
+        _ => None,
+    };
+    Ok(Some(KernelChain {
+        name: name.unwrap_or_default(),
+        base,
+        userdata,
+        rules: Vec::new(),
+    }))
+}
+
+fn parse_rule(buf: &[u8], table: &str) -> Result<Option<(String, KernelRule)>, NftError> {
+    let (mut tname, mut chain, mut handle, mut exprs, mut userdata) =
+        (None, None, None, Vec::new(), None);
+    for a in Attrs::new(buf) {
+        let (k, p) = a?;
+        let pl = Payload::new("rule", k, p);
+        match k {
+            1 => tname = Some(pl.string()?),
+            2 => chain = Some(pl.string()?),
+            3 => handle = Some(pl.u64()?),
+            4 => exprs = parse_list(p)?,
+            7 => userdata = Some(p.to_vec()),
+            _ => {}
+        }
+    }
+    if tname.as_deref() != Some(table) {
+        return Ok(None);
+    }
+    Ok(chain.map(|c| {
+        (
+            c,
+            KernelRule {
+                handle,
+                exprs,
+                userdata,
+            },
+        )
+    }))
+}
+
+fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, NftError> {
+    let mut set = KernelSet {
+        name: String::new(),
+        flags: 0,
+        key_type: 0,
+        key_len: 0,
+        data_type: None,
+        userdata: None,
+        elements: Vec::new(),
+    };
+    let mut tname = None;
+    for a in Attrs::new(buf) {
+        let (k, p) = a?;
+        let pl = Payload::new("set", k, p);
+        match k {
+            1 => tname = Some(pl.string()?),
+            2 => set.name = pl.string()?,
+            3 => set.flags = pl.u32()?,
+            4 => set.key_type = pl.u32()?,
+            5 => set.key_len = pl.u32()?,
+            6 => set.data_type = Some(pl.u32()?),
+            13 => set.userdata = Some(p.to_vec()),
+            _ => {}
+        }
+    }
+    // Anonymous sets belong to the rules that use them, not to the table's sets.
+    const NFT_SET_ANONYMOUS: u32 = 0x1;
+    if tname.as_deref() != Some(table) || set.flags & NFT_SET_ANONYMOUS != 0 {
+        return Ok(None);
+    }
+    Ok(Some(set))
+}
+
+fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError> {
+    let mut out = Vec::new();
+    for a in Attrs::new(buf) {
+        let (k, p) = a?;
+        if k != 3 {
+            continue;
+        }
+        for e in Attrs::new(p) {
+            let (_, ep) = e?;
+            let mut el = KernelElement {
+                key: Vec::new(),
+                verdict: None,
+                userdata: None,
+            };
+            for f in Attrs::new(ep) {
+                let (fk, fp) = f?;
+                match fk {
+                    1 => {
+                        if let Data::Value(v) = parse_data(fp)? {
+                            el.key = v;
+                        }
+                    }
+                    2 => {
+                        if let Data::Verdict(v) = parse_data(fp)? {
+                            el.verdict = Some(v);
+                        }
+                    }
+                    6 => el.userdata = Some(fp.to_vec()),
+                    _ => {}
+                }
+            }
+            out.push(el);
+        }
+    }
+    Ok(out)
+}
+
+/// The whole-table replacement: one transaction that creates each table if it is
+/// missing, deletes it, and writes it again with everything in it. Packets see the
+/// old ruleset until the commit and the new one after it.
+pub fn replace_tables(tables: &[KernelTable]) -> Batch {
+    let mut b = Batch::new();
+    for t in tables {
+        b.add_table(t.family, &t.name, None);
+        b.delete_table(t.family, &t.name);
+        write_table(&mut b, t);
+    }
+    b
+}
+
+/// Writes a table into an empty namespace, in the order `nft -f` uses: table,
+/// chains, sets with their elements, then rules (which may refer to both).
+pub fn write_table(b: &mut Batch, t: &KernelTable) {
+    b.add_table(t.family, &t.name, t.userdata.as_deref());
+    for c in &t.chains {
+        b.add_chain(t.family, &t.name, c);
+    }
+    for s in &t.sets {
+        b.add_set(t.family, &t.name, s);
+        if !s.elements.is_empty() {
+            b.add_elements(t.family, &t.name, &s.name, &s.elements);
+        }
+    }
+    for c in &t.chains {
+        for r in &c.rules {
+            b.add_rule(t.family, &t.name, &c.name, r);
+        }
+    }
+}
+
+/// Removes our tables (and nothing else) in one transaction.
+pub fn delete_tables(families: &[Family], name: &str) -> Batch {
+    let mut b = Batch::new();
+    for f in families {
+        b.add_table(*f, name, None);
+        b.delete_table(*f, name);
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_is_framed_and_only_the_last_message_asks_for_an_ack() {
+        let mut b = Batch::new();
+        b.add_table(Family::Ip, "kube-nft", None);
+        b.delete_table(Family::Ip, "kube-nft");
+        let (bytes, described) = b.finish();
+        let msgs = split_messages(&bytes).unwrap();
+        assert_eq!(msgs.len(), 4);
+        assert_eq!(msgs[0].kind, NFNL_MSG_BATCH_BEGIN);
+        assert_eq!(msgs[3].kind, NFNL_MSG_BATCH_END);
+        assert_eq!(msgs[1].flags & NLM_F_ACK, 0);
+        assert_ne!(msgs[2].flags & NLM_F_ACK, 0);
+        assert_eq!(described[1], (2, "delete table ip kube-nft".to_string()));
+    }
+
+    #[test]
+    fn large_element_lists_are_split_under_the_attribute_limit() {
+        let elements: Vec<KernelElement> = (0..10_000u32)
+            .map(|i| KernelElement {
+                key: i.to_be_bytes().to_vec(),
+                verdict: None,
+                userdata: Some(vec![0; 40]),
+            })
+            .collect();
+        let mut b = Batch::new();
+        b.add_elements(Family::Ip, "kube-nft", "s", &elements);
+        let (bytes, _) = b.finish();
+        let msgs = split_messages(&bytes).unwrap();
+        assert!(msgs.len() > 3);
+        let mut total = 0;
+        for m in &msgs[1..msgs.len() - 1] {
+            assert!(m.payload.len() < 65_535);
+            total += parse_elements(&m.payload[4..]).unwrap().len();
+        }
+        assert_eq!(total, 10_000);
+    }
+}

@@ -1,0 +1,354 @@
+//! The nftables objects kube-nft programs: tables, chains, rules, sets and elements.
+//!
+//! This is the vocabulary shared by `translate` (which builds it) and every backend
+//! (which writes it: netlink, or `nft -f` text). It speaks at the level a reader of
+//! `nft list ruleset` thinks in (`ip daddr @cluster-ips`, `dnat to A:P`); how each
+//! statement becomes kernel bytecode is the netlink backend's business, not this one's.
+
+use ipnet::IpNet;
+use std::fmt;
+use std::net::IpAddr;
+
+/// The name of every table kube-nft owns, one per family.
+pub const TABLE_NAME: &str = "kube-nft";
+
+/// nftables caps element, rule and chain comments at 128 bytes including the NUL.
+pub const MAX_COMMENT_LEN: usize = 127;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Ip,
+    Ip6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::Ip, Family::Ip6];
+
+    pub fn of(addr: &IpAddr) -> Family {
+        match addr {
+            IpAddr::V4(_) => Family::Ip,
+            IpAddr::V6(_) => Family::Ip6,
+        }
+    }
+
+    pub fn of_net(net: &IpNet) -> Family {
+        Family::of(&net.addr())
+    }
+
+    /// The `nft` keyword, which is also the payload-expression prefix (`ip6 daddr`).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Family::Ip => "ip",
+            Family::Ip6 => "ip6",
+        }
+    }
+
+    /// `NFPROTO_IPV4` / `NFPROTO_IPV6`.
+    pub fn nfproto(self) -> u8 {
+        match self {
+            Family::Ip => 2,
+            Family::Ip6 => 10,
+        }
+    }
+
+    pub fn addr_type(self) -> KeyType {
+        match self {
+            Family::Ip => KeyType::Ipv4Addr,
+            Family::Ip6 => KeyType::Ipv6Addr,
+        }
+    }
+}
+
+/// Transport protocols a Service port can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+    pub comment: Option<String>,
+    /// Listed (and created) in this order, like `nft -f` does: sets before chains.
+    pub sets: Vec<Set>,
+    pub chains: Vec<Chain>,
+}
+
+impl Table {
+    pub fn chain(&self, name: &str) -> Option<&Chain> {
+        self.chains.iter().find(|c| c.name == name)
+    }
+
+    pub fn set(&self, name: &str) -> Option<&Set> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+}
+
+/// The types a set key (or a field of a concatenated key) can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyType {
+    Ipv4Addr,
+    Ipv6Addr,
+    InetProto,
+    InetService,
+}
+
+impl KeyType {
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyType::Ipv4Addr => "ipv4_addr",
+            KeyType::Ipv6Addr => "ipv6_addr",
+            KeyType::InetProto => "inet_proto",
+            KeyType::InetService => "inet_service",
+        }
+    }
+}
+
+/// A named set, or a verdict map when `verdict_map` is true.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    pub key: Vec<KeyType>,
+    pub verdict_map: bool,
+    pub comment: Option<String>,
+    pub elements: Vec<Element>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeyValue {
+    Addr(IpAddr),
+    Proto(Protocol),
+    Port(u16),
+}
+
+impl fmt::Display for KeyValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyValue::Addr(a) => write!(f, "{a}"),
+            KeyValue::Proto(p) => write!(f, "{p}"),
+            KeyValue::Port(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    pub key: Vec<KeyValue>,
+    /// Present exactly when the element belongs to a verdict map.
+    pub verdict: Option<Verdict>,
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Verdict::Accept => f.write_str("accept"),
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Return => f.write_str("return"),
+            Verdict::Jump(c) => write!(f, "jump {c}"),
+            Verdict::Goto(c) => write!(f, "goto {c}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+impl ChainType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+impl Hook {
+    /// `NF_INET_*` hook numbers.
+    pub fn number(self) -> u32 {
+        match self {
+            Hook::Prerouting => 0,
+            Hook::Input => 1,
+            Hook::Forward => 2,
+            Hook::Output => 3,
+            Hook::Postrouting => 4,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+}
+
+/// What makes a chain a base chain: where the kernel calls it. Policy is always accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub comment: Option<String>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub stmts: Vec<Stmt>,
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    pub fn new(stmts: Vec<Stmt>) -> Self {
+        Rule {
+            stmts,
+            comment: None,
+        }
+    }
+
+    pub fn with_comment(mut self, comment: impl Into<String>) -> Self {
+        self.comment = Some(comment.into());
+        self
+    }
+}
+
+/// Packet fields usable in matches and as (concatenated) set keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    Saddr,
+    Daddr,
+    L4Proto,
+    /// `th dport`: the transport destination port, whatever the protocol.
+    Dport,
+}
+
+/// One statement of a rule; a rule is a sequence of them, matches first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stmt {
+    /// `ip saddr != 10.244.0.0/16`, `ip daddr 10.0.0.1`.
+    AddrMatch {
+        field: Field,
+        net: IpNet,
+        negate: bool,
+    },
+    /// `meta l4proto tcp`.
+    L4Proto(Protocol),
+    /// `ct state new`.
+    CtStateNew,
+    /// `meta mark & M == M`.
+    MarkHas(u32),
+    /// `numgen random mod N V`, true with probability 1/N.
+    NumgenEq {
+        modulus: u32,
+        value: u32,
+    },
+    /// `ip daddr @cluster-ips`.
+    InSet {
+        fields: Vec<Field>,
+        set: String,
+    },
+    /// `ip daddr . meta l4proto . th dport vmap @service-ips`.
+    Vmap {
+        fields: Vec<Field>,
+        map: String,
+    },
+    /// `meta mark set meta mark | M`.
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ M`.
+    MarkXor(u32),
+    /// `dnat to ADDR:PORT`; needs an `L4Proto` match earlier in the rule.
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+    },
+    Masquerade {
+        fully_random: bool,
+    },
+    /// ICMP port unreachable (ICMPv6 in `ip6` tables), what `nft` writes for `reject`.
+    Reject,
+    Counter,
+    Verdict(Verdict),
+}
+
+/// Truncates a comment to what nftables accepts, on a character boundary.
+pub fn clamp_comment(s: &str) -> String {
+    if s.len() <= MAX_COMMENT_LEN {
+        return s.to_string();
+    }
+    let mut end = MAX_COMMENT_LEN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_comments_are_cut_on_a_character_boundary() {
+        let s = "é".repeat(100);
+        let c = clamp_comment(&s);
+        assert!(c.len() <= MAX_COMMENT_LEN);
+        assert!(s.starts_with(&c));
+    }
+}

@@ -1,0 +1,231 @@
+//! The text backend: ruleset objects as `nft -f` input, laid out the way
+//! `nft list ruleset` prints them.
+//!
+//! `kube-nft render` prints this, and the parity tests load it with `nft -f` to
+//! check that our netlink encoder programs exactly what this text means.
+
+use crate::ruleset::{Chain, ChainType, Element, Family, Field, Hook, Rule, Set, Stmt, Table};
+use std::fmt::Write;
+
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "'"))
+}
+
+fn field(family: Family, f: Field) -> String {
+    match f {
+        Field::Saddr => format!("{} saddr", family.keyword()),
+        Field::Daddr => format!("{} daddr", family.keyword()),
+        Field::L4Proto => "meta l4proto".to_string(),
+        Field::Dport => "th dport".to_string(),
+    }
+}
+
+fn fields(family: Family, fs: &[Field]) -> String {
+    fs.iter()
+        .map(|f| field(family, *f))
+        .collect::<Vec<_>>()
+        .join(" . ")
+}
+
+fn hex(v: u32) -> String {
+    format!("0x{v:08x}")
+}
+
+pub fn stmt(family: Family, s: &Stmt) -> String {
+    match s {
+        Stmt::AddrMatch {
+            field: f,
+            net,
+            negate,
+        } => {
+            let value = if net.prefix_len() == net.max_prefix_len() {
+                net.addr().to_string()
+            } else {
+                net.trunc().to_string()
+            };
+            let op = if *negate { "!= " } else { "" };
+            format!("{} {op}{value}", field(family, *f))
+        }
+        Stmt::L4Proto(p) => format!("meta l4proto {p}"),
+        Stmt::CtStateNew => "ct state new".to_string(),
+        Stmt::MarkHas(m) => format!("meta mark & {} == {}", hex(*m), hex(*m)),
+        Stmt::NumgenEq { modulus, value } => format!("numgen random mod {modulus} {value}"),
+        Stmt::InSet { fields: fs, set } => format!("{} @{set}", fields(family, fs)),
+        Stmt::Vmap { fields: fs, map } => format!("{} vmap @{map}", fields(family, fs)),
+        Stmt::MarkOr(m) => format!("meta mark set meta mark | {}", hex(*m)),
+        Stmt::MarkXor(m) => format!("meta mark set meta mark ^ {}", hex(*m)),
+        Stmt::Dnat { addr, port } => match family {
+            Family::Ip => format!("dnat to {addr}:{port}"),
+            Family::Ip6 => format!("dnat to [{addr}]:{port}"),
+        },
+        Stmt::Masquerade { fully_random: true } => "masquerade fully-random".to_string(),
+        Stmt::Masquerade {
+            fully_random: false,
+        } => "masquerade".to_string(),
+        Stmt::Reject => "reject".to_string(),
+        Stmt::Counter => "counter packets 0 bytes 0".to_string(),
+        Stmt::Verdict(v) => v.to_string(),
+    }
+}
+
+pub fn rule(family: Family, r: &Rule) -> String {
+    let mut out = r
+        .stmts
+        .iter()
+        .map(|s| stmt(family, s))
+        .collect::<Vec<_>>()
+        .join(" ");
+    if let Some(c) = &r.comment {
+        write!(out, " comment {}", quote(c)).unwrap();
+    }
+    out
+}
+
+fn element(e: &Element) -> String {
+    let mut out = e
+        .key
+        .iter()
+        .map(|k| k.to_string())
+        .collect::<Vec<_>>()
+        .join(" . ");
+    if let Some(c) = &e.comment {
+        write!(out, " comment {}", quote(c)).unwrap();
+    }
+    if let Some(v) = &e.verdict {
+        write!(out, " : {v}").unwrap();
+    }
+    out
+}
+
+fn write_set(out: &mut String, s: &Set) {
+    let kw = if s.verdict_map { "map" } else { "set" };
+    let key = s
+        .key
+        .iter()
+        .map(|k| k.name())
+        .collect::<Vec<_>>()
+        .join(" . ");
+    writeln!(out, "\t{kw} {} {{", s.name).unwrap();
+    if s.verdict_map {
+        writeln!(out, "\t\ttype {key} : verdict").unwrap();
+    } else {
+        writeln!(out, "\t\ttype {key}").unwrap();
+    }
+    if let Some(c) = &s.comment {
+        writeln!(out, "\t\tcomment {}", quote(c)).unwrap();
+    }
+    if !s.elements.is_empty() {
+        let items: Vec<String> = s.elements.iter().map(element).collect();
+        writeln!(out, "\t\telements = {{ {} }}", items.join(",\n\t\t\t     ")).unwrap();
+    }
+    writeln!(out, "\t}}").unwrap();
+}
+
+fn priority(kind: ChainType, hook: Hook, p: i32) -> String {
+    match (kind, hook, p) {
+        (ChainType::Nat, Hook::Prerouting, -100) => "dstnat".to_string(),
+        (ChainType::Nat, Hook::Postrouting, 100) => "srcnat".to_string(),
+        _ => p.to_string(),
+    }
+}
+
+fn write_chain(out: &mut String, family: Family, c: &Chain) {
+    writeln!(out, "\tchain {} {{", c.name).unwrap();
+    if let Some(c) = &c.comment {
+        writeln!(out, "\t\tcomment {}", quote(c)).unwrap();
+    }
+    if let Some(b) = c.base {
+        writeln!(
+            out,
+            "\t\ttype {} hook {} priority {}; policy accept;",
+            b.kind.name(),
+            b.hook.name(),
+            priority(b.kind, b.hook, b.priority)
+        )
+        .unwrap();
+    }
+    for r in &c.rules {
+        writeln!(out, "\t\t{}", rule(family, r)).unwrap();
+    }
+    writeln!(out, "\t}}").unwrap();
+}
+
+/// One table, as `nft list table` prints it.
+pub fn table(t: &Table) -> String {
+    let mut out = String::new();
+    writeln!(out, "table {} {} {{", t.family.keyword(), t.name).unwrap();
+    if let Some(c) = &t.comment {
+        writeln!(out, "\tcomment {}", quote(c)).unwrap();
+    }
+    let mut first = true;
+    for s in &t.sets {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        write_set(&mut out, s);
+    }
+    for c in &t.chains {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        write_chain(&mut out, t.family, c);
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// A script for `nft -f` that replaces our tables atomically: each is created if
+/// missing, deleted, and written again, all in one transaction.
+pub fn replace_script(tables: &[Table]) -> String {
+    let mut out = String::new();
+    for t in tables {
+        writeln!(out, "add table {} {}", t.family.keyword(), t.name).unwrap();
+        writeln!(out, "delete table {} {}", t.family.keyword(), t.name).unwrap();
+    }
+    for t in tables {
+        out.push_str(&table(t));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ruleset::{Protocol, Verdict};
+
+    #[test]
+    fn statements_read_as_nft_lists_them() {
+        let f = Family::Ip6;
+        assert_eq!(
+            rule(
+                f,
+                &Rule::new(vec![
+                    Stmt::L4Proto(Protocol::Udp),
+                    Stmt::NumgenEq {
+                        modulus: 2,
+                        value: 0
+                    },
+                    Stmt::Dnat {
+                        addr: "fd00::7".parse().unwrap(),
+                        port: 9376
+                    }
+                ])
+            ),
+            "meta l4proto udp numgen random mod 2 0 dnat to [fd00::7]:9376"
+        );
+        assert_eq!(
+            stmt(
+                Family::Ip,
+                &Stmt::AddrMatch {
+                    field: Field::Saddr,
+                    net: "10.244.0.0/16".parse().unwrap(),
+                    negate: true
+                }
+            ),
+            "ip saddr != 10.244.0.0/16"
+        );
+        assert_eq!(stmt(f, &Stmt::Verdict(Verdict::Goto("x".into()))), "goto x");
+    }
+}

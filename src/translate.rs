@@ -1,0 +1,750 @@
+//! Translate: from the validated model and this node's settings to the desired
+//! nftables objects. A pure function, no I/O: every Service semantic lives here and
+//! is unit-tested without a kernel.
+//!
+//! The layout follows kube-proxy's nftables mode (its users know the names) with
+//! the kernel's scaling traps avoided (see docs/DESIGN.md): the number of sets, and
+//! of rules bound to any one set, does not grow with the number of Services.
+//! - `service-ips` dispatches `daddr . l4proto . dport` to one chain per Service port.
+//! - Each Service port chain picks an endpoint with a `numgen` cascade: rule k of n
+//!   matches with probability 1/(n-k), so every endpoint gets exactly 1/n.
+//! - Masquerade is a mark (kube-proxy's 0x4000 by default) set in the dispatch
+//!   chain and acted on in postrouting; hairpin traffic is found by one set lookup.
+//! - Filter chains reject Services with no endpoints and wrong ports on live
+//!   ClusterIPs, and drop traffic to unallocated addresses in the service CIDRs.
+
+use crate::model::{ClusterState, PortEndpoint, Service, ServicePort};
+use crate::ruleset::{
+    clamp_comment, BaseChain, Chain, ChainType, Element, Family, Field, Hook, KeyType, KeyValue,
+    Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
+};
+use ipnet::IpNet;
+use std::collections::BTreeSet;
+use std::fmt;
+
+pub const SET_CLUSTER_IPS: &str = "cluster-ips";
+pub const MAP_SERVICE_IPS: &str = "service-ips";
+pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const SET_HAIRPIN: &str = "hairpin";
+pub const CHAIN_SERVICES: &str = "services";
+pub const CHAIN_SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub const CHAIN_CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+pub const CHAIN_REJECT: &str = "reject-chain";
+
+/// kube-proxy's default masquerade bit (`--iptables-masquerade-bit`), 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
+
+/// This node's settings that shape the ruleset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Pod CIDRs: traffic from outside them to a ClusterIP is masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Service CIDRs: traffic to an unallocated address in them is dropped.
+    pub service_cidrs: Vec<IpNet>,
+    pub masquerade_bit: u8,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (flag, cidrs) in [
+            ("--cluster-cidr", &self.cluster_cidrs),
+            ("--service-cidr", &self.service_cidrs),
+        ] {
+            for family in Family::ALL {
+                let n = cidrs.iter().filter(|c| Family::of_net(c) == family).count();
+                if n > 1 {
+                    return Err(ConfigError(format!(
+                        "{flag}: {n} {} CIDRs given; one per family is supported (dual-stack: one IPv4 and one IPv6)",
+                        family.keyword()
+                    )));
+                }
+            }
+            if let Some(c) = cidrs.iter().find(|c| c.prefix_len() == 0) {
+                return Err(ConfigError(format!("{flag}: {c} covers every address")));
+            }
+        }
+        if self.masquerade_bit > 31 {
+            return Err(ConfigError(format!(
+                "masquerade bit {} is not in 0..31",
+                self.masquerade_bit
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn masquerade_mark(&self) -> u32 {
+        1 << self.masquerade_bit
+    }
+
+    fn cidr(cidrs: &[IpNet], family: Family) -> Option<IpNet> {
+        cidrs
+            .iter()
+            .find(|c| Family::of_net(c) == family)
+            .map(|c| c.trunc())
+    }
+}
+
+/// The desired state: one table per family.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    pub fn table(&self, family: Family) -> Option<&Table> {
+        self.tables.iter().find(|t| t.family == family)
+    }
+}
+
+/// FNV-1a, 64 bits: stable across versions and platforms, which chain names need.
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Eight base32 characters of the hash of `s`.
+fn short_hash(s: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let h = fnv1a(s.as_bytes());
+    (0..8)
+        .map(|i| ALPHABET[((h >> (59 - 5 * i)) & 31) as usize] as char)
+        .collect()
+}
+
+/// nftables chain names may be up to 255 bytes.
+const MAX_CHAIN_NAME: usize = 255;
+
+/// `svc-<hash>-ns/name/proto/port`: readable, and unique through the hash even
+/// when truncated.
+pub fn service_chain_name(svc: &Service, port: &ServicePort) -> String {
+    let port_id = if port.name.is_empty() {
+        port.port.to_string()
+    } else {
+        port.name.clone()
+    };
+    let id = format!(
+        "{}/{}/{}/{}",
+        svc.key.namespace, svc.key.name, port.protocol, port_id
+    );
+    let mut name = format!("svc-{}-{id}", short_hash(&id));
+    if name.len() > MAX_CHAIN_NAME {
+        let mut end = MAX_CHAIN_NAME;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    name
+}
+
+/// Endpoints that receive new connections: the ready ones, or, when none is
+/// ready, the ones still serving while terminating (kube-proxy's fallback).
+pub fn usable_endpoints(eps: &[PortEndpoint]) -> Vec<&PortEndpoint> {
+    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.conditions.ready).collect();
+    if !ready.is_empty() {
+        return ready;
+    }
+    eps.iter()
+        .filter(|e| e.conditions.serving && e.conditions.terminating)
+        .collect()
+}
+
+fn base(name: &str, kind: ChainType, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
+    Chain {
+        name: name.to_string(),
+        base: Some(BaseChain {
+            kind,
+            hook,
+            priority,
+        }),
+        comment: None,
+        rules,
+    }
+}
+
+fn regular(name: &str, rules: Vec<Rule>) -> Chain {
+    Chain {
+        name: name.to_string(),
+        base: None,
+        comment: None,
+        rules,
+    }
+}
+
+fn set(name: &str, key: Vec<KeyType>, verdict_map: bool, comment: &str) -> Set {
+    Set {
+        name: name.to_string(),
+        key,
+        verdict_map,
+        comment: Some(comment.to_string()),
+        elements: Vec::new(),
+    }
+}
+
+const DISPATCH_KEY: [Field; 3] = [Field::Daddr, Field::L4Proto, Field::Dport];
+
+fn jump(chain: &str) -> Stmt {
+    Stmt::Verdict(Verdict::Jump(chain.to_string()))
+}
+
+/// The static part of a family's table: every set (empty) and every chain that
+/// does not depend on Services. `nft-templates/skeleton.nft` shows it as text.
+pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
+    let addr = family.addr_type();
+    let dispatch_key = vec![addr, KeyType::InetProto, KeyType::InetService];
+    let mark = config.masquerade_mark();
+    let new_conn_jump = |chain: &str| Rule::new(vec![Stmt::CtStateNew, jump(chain)]);
+
+    let mut services = Vec::new();
+    if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
+        services.push(
+            Rule::new(vec![
+                Stmt::InSet {
+                    fields: vec![Field::Daddr],
+                    set: SET_CLUSTER_IPS.into(),
+                },
+                Stmt::AddrMatch {
+                    field: Field::Saddr,
+                    net: cidr,
+                    negate: true,
+                },
+                Stmt::MarkOr(mark),
+            ])
+            .with_comment("masquerade traffic to ClusterIPs from outside the cluster"),
+        );
+    }
+    services.push(Rule::new(vec![Stmt::Vmap {
+        fields: DISPATCH_KEY.to_vec(),
+        map: MAP_SERVICE_IPS.into(),
+    }]));
+
+    let mut cluster_ips_check = vec![Rule::new(vec![
+        Stmt::InSet {
+            fields: vec![Field::Daddr],
+            set: SET_CLUSTER_IPS.into(),
+        },
+        Stmt::Reject,
+    ])
+    .with_comment("reject traffic to invalid ports of ClusterIPs")];
+    if let Some(cidr) = NodeConfig::cidr(&config.service_cidrs, family) {
+        cluster_ips_check.push(
+            Rule::new(vec![
+                Stmt::AddrMatch {
+                    field: Field::Daddr,
+                    net: cidr,
+                    negate: false,
+                },
+                Stmt::Verdict(Verdict::Drop),
+            ])
+            .with_comment("drop traffic to unallocated ClusterIPs"),
+        );
+    }
+
+    Table {
+        family,
+        name: TABLE_NAME.to_string(),
+        comment: Some("kube-nft: Kubernetes Services (managed by kube-nft, do not edit)".into()),
+        sets: vec![
+            set(SET_CLUSTER_IPS, vec![addr], false, "active ClusterIPs"),
+            set(
+                MAP_SERVICE_IPS,
+                dispatch_key.clone(),
+                true,
+                "ClusterIP . protocol . port: the Service port's chain",
+            ),
+            set(
+                MAP_NO_ENDPOINT_SERVICES,
+                dispatch_key,
+                true,
+                "ClusterIP . protocol . port of Service ports with no endpoints",
+            ),
+            set(
+                SET_HAIRPIN,
+                vec![addr, addr],
+                false,
+                "endpoint . endpoint: a pod reaching itself through a Service",
+            ),
+        ],
+        chains: vec![
+            base(
+                "nat-prerouting",
+                ChainType::Nat,
+                Hook::Prerouting,
+                -100,
+                vec![Rule::new(vec![jump(CHAIN_SERVICES)])],
+            ),
+            base(
+                "nat-output",
+                ChainType::Nat,
+                Hook::Output,
+                -100,
+                vec![Rule::new(vec![jump(CHAIN_SERVICES)])],
+            ),
+            base(
+                "nat-postrouting",
+                ChainType::Nat,
+                Hook::Postrouting,
+                100,
+                vec![
+                    Rule::new(vec![
+                        Stmt::MarkHas(mark),
+                        Stmt::MarkXor(mark),
+                        Stmt::Masquerade { fully_random: true },
+                    ]),
+                    Rule::new(vec![
+                        Stmt::InSet {
+                            fields: vec![Field::Saddr, Field::Daddr],
+                            set: SET_HAIRPIN.into(),
+                        },
+                        Stmt::Masquerade { fully_random: true },
+                    ]),
+                ],
+            ),
+            base(
+                "filter-forward",
+                ChainType::Filter,
+                Hook::Forward,
+                -110,
+                vec![
+                    new_conn_jump(CHAIN_SERVICE_ENDPOINTS_CHECK),
+                    new_conn_jump(CHAIN_CLUSTER_IPS_CHECK),
+                ],
+            ),
+            base(
+                "filter-output",
+                ChainType::Filter,
+                Hook::Output,
+                -110,
+                vec![new_conn_jump(CHAIN_SERVICE_ENDPOINTS_CHECK)],
+            ),
+            // After DNAT: what still goes to a ClusterIP matched no Service port.
+            base(
+                "filter-output-post-dnat",
+                ChainType::Filter,
+                Hook::Output,
+                -90,
+                vec![new_conn_jump(CHAIN_CLUSTER_IPS_CHECK)],
+            ),
+            regular(CHAIN_SERVICES, services),
+            regular(
+                CHAIN_SERVICE_ENDPOINTS_CHECK,
+                vec![Rule::new(vec![Stmt::Vmap {
+                    fields: DISPATCH_KEY.to_vec(),
+                    map: MAP_NO_ENDPOINT_SERVICES.into(),
+                }])],
+            ),
+            regular(CHAIN_CLUSTER_IPS_CHECK, cluster_ips_check),
+            regular(CHAIN_REJECT, vec![Rule::new(vec![Stmt::Reject])]),
+        ],
+    }
+}
+
+fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
+    vec![
+        KeyValue::Addr(vip),
+        KeyValue::Proto(port.protocol),
+        KeyValue::Port(port.port),
+    ]
+}
+
+/// The endpoint-selection chain of one Service port: a `numgen` cascade ending in
+/// an unconditional DNAT, so exactly one rule fires and each endpoint gets 1/n.
+fn service_port_chain(
+    name: String,
+    label: &str,
+    port: &ServicePort,
+    endpoints: &[&PortEndpoint],
+) -> Chain {
+    let n = endpoints.len() as u32;
+    let rules = endpoints
+        .iter()
+        .enumerate()
+        .map(|(k, ep)| {
+            let mut stmts = vec![Stmt::L4Proto(port.protocol)];
+            let remaining = n - k as u32;
+            if remaining > 1 {
+                stmts.push(Stmt::NumgenEq {
+                    modulus: remaining,
+                    value: 0,
+                });
+            }
+            stmts.push(Stmt::Dnat {
+                addr: ep.addr,
+                port: ep.port,
+            });
+            Rule::new(stmts)
+        })
+        .collect();
+    Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(label)),
+        rules,
+    }
+}
+
+fn table_for(state: &ClusterState, config: &NodeConfig, family: Family) -> Table {
+    let mut table = skeleton(family, config);
+    let mut cluster_ips = Vec::new();
+    let mut service_ips = Vec::new();
+    let mut no_endpoints = Vec::new();
+    let mut hairpin = BTreeSet::new();
+    let mut chains = Vec::new();
+
+    for svc in state.services.values() {
+        let Some(vip) = svc
+            .cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(ip) == family)
+        else {
+            continue;
+        };
+        cluster_ips.push(Element {
+            key: vec![KeyValue::Addr(vip)],
+            verdict: None,
+            comment: Some(clamp_comment(&svc.key.to_string())),
+        });
+        for port in &svc.ports {
+            let label = svc.port_label(port);
+            let all = state.endpoints_for(svc, port);
+            let in_family: Vec<PortEndpoint> = all
+                .into_iter()
+                .filter(|e| Family::of(&e.addr) == family)
+                .collect();
+            let usable = usable_endpoints(&in_family);
+            let comment = Some(clamp_comment(&label));
+            if usable.is_empty() {
+                no_endpoints.push(Element {
+                    key: dispatch_key(vip, port),
+                    verdict: Some(Verdict::Goto(CHAIN_REJECT.into())),
+                    comment,
+                });
+                continue;
+            }
+            let chain_name = service_chain_name(svc, port);
+            service_ips.push(Element {
+                key: dispatch_key(vip, port),
+                verdict: Some(Verdict::Goto(chain_name.clone())),
+                comment,
+            });
+            hairpin.extend(usable.iter().map(|e| e.addr));
+            chains.push(service_port_chain(chain_name, &label, port, &usable));
+        }
+    }
+
+    let hairpin = hairpin
+        .into_iter()
+        .map(|a| Element {
+            key: vec![KeyValue::Addr(a), KeyValue::Addr(a)],
+            verdict: None,
+            comment: None,
+        })
+        .collect();
+    for (name, mut elements) in [
+        (SET_CLUSTER_IPS, cluster_ips),
+        (MAP_SERVICE_IPS, service_ips),
+        (MAP_NO_ENDPOINT_SERVICES, no_endpoints),
+        (SET_HAIRPIN, hairpin),
+    ] {
+        elements.sort_by(|a, b| a.key.cmp(&b.key));
+        elements.dedup_by(|a, b| a.key == b.key);
+        if let Some(s) = table.sets.iter_mut().find(|s| s.name == name) {
+            s.elements = elements;
+        }
+    }
+    table.chains.extend(chains);
+    table
+}
+
+/// The whole desired ruleset: a table for IPv4 and one for IPv6.
+pub fn translate(state: &ClusterState, config: &NodeConfig) -> Ruleset {
+    Ruleset {
+        tables: Family::ALL
+            .iter()
+            .map(|f| table_for(state, config, *f))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Conditions, Endpoint, EndpointPort, EndpointSlice, ServiceKey, TargetPort};
+    use crate::ruleset::Protocol;
+    use std::net::IpAddr;
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey {
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state_with(name: &str, vips: &[&str], eps: &[(&str, Conditions)]) -> ClusterState {
+        let mut state = ClusterState::default();
+        let svc = Service {
+            key: key(name),
+            cluster_ips: vips.iter().map(|v| ip(v)).collect(),
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                target_port: TargetPort::Number(9376),
+            }],
+        };
+        state.services.insert(svc.key.clone(), svc);
+        for family in Family::ALL {
+            let endpoints: Vec<Endpoint> = eps
+                .iter()
+                .filter(|(a, _)| Family::of(&ip(a)) == family)
+                .map(|(a, c)| Endpoint {
+                    addr: ip(a),
+                    conditions: *c,
+                    node_name: None,
+                    zone: None,
+                })
+                .collect();
+            state.slices.entry(key(name)).or_default().insert(
+                format!("{name}-{}", family.keyword()),
+                EndpointSlice {
+                    name: format!("{name}-{}", family.keyword()),
+                    service: key(name),
+                    family,
+                    ports: vec![EndpointPort {
+                        name: "http".into(),
+                        protocol: Protocol::Tcp,
+                        port: 9376,
+                    }],
+                    endpoints,
+                },
+            );
+        }
+        state
+    }
+
+    const READY: Conditions = Conditions {
+        ready: true,
+        serving: true,
+        terminating: false,
+    };
+    const TERMINATING: Conditions = Conditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    fn dnat_targets(chain: &Chain) -> Vec<String> {
+        chain
+            .rules
+            .iter()
+            .filter_map(|r| {
+                r.stmts.iter().find_map(|s| match s {
+                    Stmt::Dnat { addr, port } => Some(format!("{addr}:{port}")),
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn numgen_cascade_gives_every_endpoint_an_equal_share() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[
+                ("10.244.0.1", READY),
+                ("10.244.0.2", READY),
+                ("10.244.0.3", READY),
+            ],
+        );
+        let rs = translate(&state, &NodeConfig::default());
+        let t = rs.table(Family::Ip).unwrap();
+        let chain = t
+            .chains
+            .iter()
+            .find(|c| c.name.starts_with("svc-"))
+            .unwrap();
+        let moduli: Vec<Option<u32>> = chain
+            .rules
+            .iter()
+            .map(|r| {
+                r.stmts.iter().find_map(|s| match s {
+                    Stmt::NumgenEq { modulus, .. } => Some(*modulus),
+                    _ => None,
+                })
+            })
+            .collect();
+        assert_eq!(moduli, vec![Some(3), Some(2), None]);
+        // P(k) = prod_{j<k}(1 - 1/(n-j)) * 1/(n-k) = 1/n for every k.
+        let n = 3.0;
+        let mut reach = 1.0;
+        for m in moduli {
+            let p = m.map(|m| 1.0 / m as f64).unwrap_or(1.0);
+            assert!((reach * p - 1.0 / n).abs() < 1e-12);
+            reach *= 1.0 - p;
+        }
+        assert_eq!(
+            dnat_targets(chain),
+            vec!["10.244.0.1:9376", "10.244.0.2:9376", "10.244.0.3:9376"]
+        );
+        assert_eq!(chain.comment.as_deref(), Some("default/web:http"));
+        assert!(chain.name.ends_with("-default/web/tcp/http"));
+    }
+
+    #[test]
+    fn service_without_endpoints_goes_to_the_reject_map_and_has_no_chain() {
+        let state = state_with("empty", &["10.0.0.11"], &[]);
+        let rs = translate(&state, &NodeConfig::default());
+        let t = rs.table(Family::Ip).unwrap();
+        assert!(t.set(MAP_SERVICE_IPS).unwrap().elements.is_empty());
+        let ne = &t.set(MAP_NO_ENDPOINT_SERVICES).unwrap().elements;
+        assert_eq!(ne.len(), 1);
+        assert_eq!(ne[0].verdict, Some(Verdict::Goto(CHAIN_REJECT.into())));
+        assert!(!t.chains.iter().any(|c| c.name.starts_with("svc-")));
+        assert_eq!(t.set(SET_CLUSTER_IPS).unwrap().elements.len(), 1);
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[("10.244.0.1", READY), ("10.244.0.2", TERMINATING)],
+        );
+        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
+        let chain = t
+            .chains
+            .iter()
+            .find(|c| c.name.starts_with("svc-"))
+            .unwrap();
+        assert_eq!(dnat_targets(chain), vec!["10.244.0.1:9376"]);
+
+        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.2", TERMINATING)]);
+        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
+        let chain = t
+            .chains
+            .iter()
+            .find(|c| c.name.starts_with("svc-"))
+            .unwrap();
+        assert_eq!(dnat_targets(chain), vec!["10.244.0.2:9376"]);
+    }
+
+    #[test]
+    fn dual_stack_service_gets_a_chain_in_each_family_with_its_own_endpoints() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10", "fd00:10:96::10"],
+            &[("10.244.0.1", READY), ("fd00:10:244::1", READY)],
+        );
+        let rs = translate(&state, &NodeConfig::default());
+        for (family, ep) in [
+            (Family::Ip, "10.244.0.1:9376"),
+            (Family::Ip6, "fd00:10:244::1:9376"),
+        ] {
+            let t = rs.table(family).unwrap();
+            let chain = t
+                .chains
+                .iter()
+                .find(|c| c.name.starts_with("svc-"))
+                .unwrap();
+            assert_eq!(dnat_targets(chain), vec![ep]);
+        }
+    }
+
+    #[test]
+    fn masquerade_rule_and_unallocated_drop_follow_the_cidrs() {
+        let config = NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.0.0.0/16".parse().unwrap()],
+            masquerade_bit: 14,
+        };
+        let v4 = skeleton(Family::Ip, &config);
+        let services = v4.chain(CHAIN_SERVICES).unwrap();
+        assert_eq!(services.rules.len(), 2);
+        assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
+        assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
+        // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
+        let v6 = skeleton(Family::Ip6, &config);
+        assert_eq!(v6.chain(CHAIN_SERVICES).unwrap().rules.len(), 1);
+        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 1);
+    }
+
+    #[test]
+    fn hairpin_set_holds_each_endpoint_once() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[("10.244.0.1", READY), ("10.244.0.2", READY)],
+        );
+        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
+        let hp = &t.set(SET_HAIRPIN).unwrap().elements;
+        assert_eq!(hp.len(), 2);
+        assert_eq!(
+            hp[0].key,
+            vec![
+                KeyValue::Addr(ip("10.244.0.1")),
+                KeyValue::Addr(ip("10.244.0.1"))
+            ]
+        );
+    }
+
+    #[test]
+    fn two_cidrs_of_one_family_are_a_clear_error() {
+        let config = NodeConfig {
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "10.245.0.0/16".parse().unwrap(),
+            ],
+            ..NodeConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert!(err.0.starts_with("--cluster-cidr: 2 ip CIDRs"), "{err}");
+    }
+
+    #[test]
+    fn chain_names_are_stable_and_bounded() {
+        let mut svc = Service {
+            key: key("web"),
+            cluster_ips: vec![],
+            ports: vec![],
+        };
+        let port = ServicePort {
+            name: String::new(),
+            protocol: Protocol::Udp,
+            port: 53,
+            target_port: TargetPort::Number(53),
+        };
+        let a = service_chain_name(&svc, &port);
+        assert_eq!(a, service_chain_name(&svc, &port));
+        assert!(a.ends_with("-default/web/udp/53"), "{a}");
+        svc.key.name = "x".repeat(300);
+        assert!(service_chain_name(&svc, &port).len() <= 255);
+    }
+}
