@@ -6,6 +6,7 @@
 //! so replies always pass the node's conntrack and NAT is undone where it was done.
 //! The node's default route points at the client side, so traffic to a VIP the
 //! proxy does not DNAT still reaches the filter-forward hook (as on a real node).
+//! Bridge ports are in hairpin mode, as CNIs set them (see `add_pod`).
 
 use crate::netns::{ip_in, sysctl_in, Netns};
 use std::io;
@@ -134,6 +135,21 @@ impl Topology {
             ],
         )?;
         ip_in(n, &["link", "set", &host_if, "master", BRIDGE, "up"])?;
+        // As the CNI bridge plugin's `hairpinMode: true`: where br_netfilter is
+        // active, a pod's connection to its own Service is DNATed at the bridge
+        // layer and must be allowed back out of the port it came in on.
+        ip_in(
+            n,
+            &[
+                "link",
+                "set",
+                &host_if,
+                "type",
+                "bridge_slave",
+                "hairpin",
+                "on",
+            ],
+        )?;
         ip_in(p, &["link", "set", "eth0", "up"])?;
         for a in addrs {
             match a {

@@ -1,0 +1,262 @@
+//! Helpers shared by the integration tests: manifests, namespaces, the binary.
+//!
+//! Every test builds its own namespaces (unique names) and removes them when it
+//! ends, pass or fail; nothing here touches the host's namespace.
+
+#![allow(dead_code)]
+
+use kube_nft::lab::hostname_server::{http_get, udp_ask, HostnameServer};
+use kube_nft::lab::topology::Topology;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kube-nft");
+pub const CLUSTER_CIDRS: &str = "10.244.0.0/16,fd00:10:244::/56";
+pub const SERVICE_CIDRS: &str = "10.96.0.0/12,fd00:10:96::/112";
+
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "these tests create network namespaces: run them as root (the README's test command does)"
+    );
+}
+
+/// A name unique to this test in this process, short enough for namespace names.
+pub fn unique(tag: &str) -> String {
+    format!("kt{}-{tag}", std::process::id() % 100_000)
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let p = std::env::temp_dir().join(format!("kube-nft-{}", unique(tag)));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Scratch(p)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `protocol` is TCP, UDP or SCTP; `target` the targetPort.
+pub struct Port<'a> {
+    pub name: &'a str,
+    pub protocol: &'a str,
+    pub port: u16,
+    pub target: u16,
+}
+
+pub fn tcp(port: u16, target: u16) -> Port<'static> {
+    Port {
+        name: "http",
+        protocol: "TCP",
+        port,
+        target,
+    }
+}
+
+pub fn udp(port: u16, target: u16) -> Port<'static> {
+    Port {
+        name: "dns",
+        protocol: "UDP",
+        port,
+        target,
+    }
+}
+
+pub fn service(name: &str, vips: &[&str], ports: &[Port]) -> String {
+    let mut y = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {}\n  clusterIPs: [{}]\n  ports:\n",
+        vips[0],
+        vips.join(", ")
+    );
+    for p in ports {
+        y += &format!(
+            "  - {{name: {}, protocol: {}, port: {}, targetPort: {}}}\n",
+            p.name, p.protocol, p.port, p.target
+        );
+    }
+    y
+}
+
+/// One EndpointSlice with ready endpoints at `addrs` (all of one family).
+pub fn slice(service: &str, suffix: &str, ports: &[Port], addrs: &[&str]) -> String {
+    let family = if addrs.first().is_some_and(|a| a.contains(':')) {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    let mut y = format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {service}-{suffix}\n  namespace: default\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: {family}\nports:\n"
+    );
+    for p in ports {
+        y += &format!(
+            "- {{name: {}, protocol: {}, port: {}}}\n",
+            p.name, p.protocol, p.target
+        );
+    }
+    y += if addrs.is_empty() {
+        "endpoints: []\n"
+    } else {
+        "endpoints:\n"
+    };
+    for a in addrs {
+        y += &format!("- addresses: [\"{a}\"]\n  conditions: {{ready: true}}\n");
+    }
+    y
+}
+
+/// Runs the kube-nft binary inside a namespace.
+pub fn kube_nft_in(ns: &str, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns, BIN])
+        .args(args)
+        .output()
+        .expect("running kube-nft")
+}
+
+/// `kube-nft run --once` in the node namespace with the test CIDRs; asserts success.
+pub fn sync_once(ns: &str, manifests: &Path) -> Output {
+    let out = kube_nft_in(
+        ns,
+        &[
+            "run",
+            "--once",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            "--service-cidr",
+            SERVICE_CIDRS,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "kube-nft run --once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A topology with pods serving their names on `ports` (TCP and UDP each).
+pub struct Cluster {
+    pub servers: Vec<HostnameServer>,
+    pub topo: Topology,
+    pub scratch: Scratch,
+}
+
+impl Cluster {
+    pub fn new(tag: &str, pods: &[(&str, &[&str])], ports: &[u16]) -> Cluster {
+        require_root();
+        let mut topo = Topology::build(&unique(tag)).expect("building the namespaces");
+        let mut servers = Vec::new();
+        for (name, addrs) in pods {
+            let addrs: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+            let pod = topo.add_pod(name, &addrs).expect("adding a pod");
+            servers.push(
+                HostnameServer::bind_in(&pod.ns.name, name, ports).expect("starting a pod server"),
+            );
+        }
+        Cluster {
+            servers,
+            topo,
+            scratch: Scratch::new(tag),
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.topo.node.name
+    }
+
+    pub fn client(&self) -> &str {
+        &self.topo.client.name
+    }
+
+    pub fn pod_ns(&self, name: &str) -> String {
+        self.topo
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .ns
+            .name
+            .clone()
+    }
+
+    /// Writes the manifests and syncs them into the node namespace.
+    pub fn apply(&self, manifests: &str) -> Output {
+        let path = self.scratch.write("manifests.yaml", manifests);
+        sync_once(self.node(), &path)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub answers: BTreeMap<String, usize>,
+    pub errors: Vec<String>,
+}
+
+/// Sends `n` requests (new connection or flow each) to `target` from namespace `ns`.
+pub fn tally(ns: &str, target: &str, n: usize, udp_proto: bool) -> Tally {
+    let target: SocketAddr = target.parse().unwrap();
+    kube_nft::netns::in_netns(ns, move || {
+        let mut t = Tally::default();
+        for _ in 0..n {
+            let r = if udp_proto {
+                udp_ask(target, Duration::from_secs(2))
+            } else {
+                http_get(target, Duration::from_secs(2))
+            };
+            match r {
+                Ok(name) => *t.answers.entry(name).or_default() += 1,
+                Err(e) => t.errors.push(e.to_string()),
+            }
+        }
+        t
+    })
+    .unwrap()
+}
+
+/// One TCP connection attempt from `ns`: how it failed, and how long it took.
+pub fn connect_error(
+    ns: &str,
+    target: &str,
+    timeout: Duration,
+) -> (Option<std::io::ErrorKind>, Duration) {
+    let target: SocketAddr = target.parse().unwrap();
+    kube_nft::netns::in_netns(ns, move || {
+        let start = std::time::Instant::now();
+        let r = std::net::TcpStream::connect_timeout(&target, timeout);
+        (r.err().map(|e| e.kind()), start.elapsed())
+    })
+    .unwrap()
+}
+
+/// `nft list ruleset` in a namespace.
+pub fn nft_list(ns: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "list", "ruleset"])
+        .output()
+        .expect("running nft (is nftables installed?)");
+    assert!(
+        out.status.success(),
+        "nft list ruleset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

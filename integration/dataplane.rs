@@ -1,0 +1,288 @@
+//! Real packets through ClusterIPs, in namespaces each test creates and removes:
+//! a node with a bridge, pods serving their names, and an outside client (see
+//! `kube_nft::lab::topology`). kube-nft programs the node namespace through the
+//! CLI (`run --once`, or the `run` daemon), as an operator would run it.
+
+mod common;
+
+use common::*;
+use std::io::ErrorKind;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PODS: [(&str, &[&str]); 3] = [
+    ("pod-a", &["10.244.0.11", "fd00:10:244::11"]),
+    ("pod-b", &["10.244.0.12", "fd00:10:244::12"]),
+    ("pod-c", &["10.244.0.13", "fd00:10:244::13"]),
+];
+const V4: [&str; 3] = ["10.244.0.11", "10.244.0.12", "10.244.0.13"];
+const V6: [&str; 3] = ["fd00:10:244::11", "fd00:10:244::12", "fd00:10:244::13"];
+
+fn web(endpoints: &[&str]) -> String {
+    service("web", &["10.96.0.10"], &[tcp(80, 9376), udp(53, 9376)])
+        + &slice("web", "a", &[tcp(80, 9376), udp(53, 9376)], endpoints)
+}
+
+fn assert_all_answer(t: &Tally, pods: &[&str], n: usize) {
+    assert!(t.errors.is_empty(), "failed requests: {:?}", t.errors);
+    assert_eq!(t.answers.values().sum::<usize>(), n);
+    for p in pods {
+        assert!(
+            t.answers.get(*p).copied().unwrap_or(0) > 0,
+            "{p} got no request: {:?}",
+            t.answers
+        );
+    }
+    assert_eq!(
+        t.answers.len(),
+        pods.len(),
+        "unexpected answers: {:?}",
+        t.answers
+    );
+}
+
+#[test]
+fn tcp_and_udp_to_a_cluster_ip_reach_every_endpoint() {
+    let c = Cluster::new("tcpudp", &PODS, &[9376]);
+    c.apply(&web(&V4));
+    // P(some pod gets none of 45) = 3 * (2/3)^45 ≈ 4e-8.
+    let t = tally(c.client(), "10.96.0.10:80", 45, false);
+    assert_all_answer(&t, &["pod-a", "pod-b", "pod-c"], 45);
+    let u = tally(c.client(), "10.96.0.10:53", 45, true);
+    assert_all_answer(&u, &["pod-a", "pod-b", "pod-c"], 45);
+}
+
+#[test]
+fn pods_and_node_processes_reach_the_service_too() {
+    let c = Cluster::new("frompod", &PODS, &[9376]);
+    c.apply(&web(&V4[..2]));
+    // From pod-c (not an endpoint): pod-to-service through the node.
+    let t = tally(&c.pod_ns("pod-c"), "10.96.0.10:80", 30, false);
+    assert_all_answer(&t, &["pod-a", "pod-b"], 30);
+    // From the node itself: the output hook path.
+    let t = tally(c.node(), "10.96.0.10:80", 30, false);
+    assert_all_answer(&t, &["pod-a", "pod-b"], 30);
+}
+
+#[test]
+fn removing_an_endpoint_stops_traffic_to_it_while_the_daemon_runs() {
+    let c = Cluster::new("remove", &PODS, &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&V4));
+    let mut daemon = Command::new("ip")
+        .args(["netns", "exec", c.node(), BIN, "run", "--manifests"])
+        .arg(&manifests)
+        .args([
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            "--service-cidr",
+            SERVICE_CIDRS,
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let wait_for = |pred: &dyn Fn(&Tally) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let t = tally(c.client(), "10.96.0.10:80", 30, false);
+            if pred(&t) {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon never applied the change: {t:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    wait_for(&|t| t.answers.len() == 3);
+    // Remove pod-c from the EndpointSlice; the running daemon notices the file change.
+    std::fs::write(&manifests, web(&V4[..2])).unwrap();
+    let t = wait_for(&|t| !t.answers.contains_key("pod-c"));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    // And once removed it stays removed: another 60 new connections miss it too.
+    let more = tally(c.client(), "10.96.0.10:80", 60, false);
+    assert!(!more.answers.contains_key("pod-c"), "{more:?}");
+    assert!(
+        more.errors.is_empty() && t.errors.is_empty(),
+        "{:?} {:?}",
+        t.errors,
+        more.errors
+    );
+    assert_all_answer(&more, &["pod-a", "pod-b"], 60);
+}
+
+#[test]
+fn service_without_endpoints_is_refused_at_once() {
+    let c = Cluster::new("noeps", &PODS, &[9376]);
+    c.apply(
+        &(web(&V4)
+            + &service("empty", &["10.96.0.20"], &[tcp(80, 9376)])
+            + &slice("empty", "a", &[tcp(80, 9376)], &[])),
+    );
+    let (err, took) = connect_error(c.client(), "10.96.0.20:80", Duration::from_secs(3));
+    assert_eq!(err, Some(ErrorKind::ConnectionRefused), "took {took:?}");
+    assert!(took < Duration::from_secs(1), "refusal took {took:?}");
+    // From the node itself (output hook) as well.
+    let (err, _) = connect_error(c.node(), "10.96.0.20:80", Duration::from_secs(3));
+    assert_eq!(err, Some(ErrorKind::ConnectionRefused));
+}
+
+#[test]
+fn wrong_port_on_a_live_cluster_ip_is_refused_and_unallocated_ips_are_dropped() {
+    let c = Cluster::new("wrongport", &PODS, &[9376]);
+    c.apply(&web(&V4));
+    for from in [c.client(), c.node()] {
+        let (err, took) = connect_error(from, "10.96.0.10:81", Duration::from_secs(3));
+        assert_eq!(
+            err,
+            Some(ErrorKind::ConnectionRefused),
+            "from {from}, took {took:?}"
+        );
+        assert!(took < Duration::from_secs(1));
+    }
+    // 10.96.0.99 is in the service CIDR but allocated to no Service: silently dropped.
+    let (err, took) = connect_error(c.client(), "10.96.0.99:80", Duration::from_millis(1500));
+    assert_eq!(err, Some(ErrorKind::TimedOut), "took {took:?}");
+}
+
+#[test]
+fn ipv6_cluster_ip_works() {
+    let c = Cluster::new("ipv6", &PODS, &[9376]);
+    c.apply(
+        &(service("web6", &["fd00:10:96::10"], &[tcp(80, 9376), udp(53, 9376)])
+            + &slice("web6", "a", &[tcp(80, 9376), udp(53, 9376)], &V6)),
+    );
+    let t = tally(c.client(), "[fd00:10:96::10]:80", 45, false);
+    assert_all_answer(&t, &["pod-a", "pod-b", "pod-c"], 45);
+    let u = tally(c.client(), "[fd00:10:96::10]:53", 45, true);
+    assert_all_answer(&u, &["pod-a", "pod-b", "pod-c"], 45);
+    let (err, _) = connect_error(c.client(), "[fd00:10:96::10]:81", Duration::from_secs(3));
+    assert_eq!(err, Some(ErrorKind::ConnectionRefused));
+}
+
+#[test]
+fn dual_stack_service_answers_on_both_cluster_ips() {
+    let c = Cluster::new("dual", &PODS, &[9376]);
+    c.apply(
+        &(service("dual", &["10.96.0.30", "fd00:10:96::30"], &[tcp(80, 9376)])
+            + &slice("dual", "v4", &[tcp(80, 9376)], &V4[..1])
+            + &slice("dual", "v6", &[tcp(80, 9376)], &V6[1..2])),
+    );
+    assert_all_answer(&tally(c.client(), "10.96.0.30:80", 5, false), &["pod-a"], 5);
+    assert_all_answer(
+        &tally(c.client(), "[fd00:10:96::30]:80", 5, false),
+        &["pod-b"],
+        5,
+    );
+}
+
+#[test]
+fn hairpin_connection_is_masqueraded() {
+    let c = Cluster::new("hairpin", &PODS, &[9376]);
+    // pod-a is the only endpoint: its connection to the Service comes back to itself.
+    c.apply(&web(&V4[..1]));
+    let t = tally(&c.pod_ns("pod-a"), "10.96.0.10:80", 10, false);
+    assert_all_answer(&t, &["pod-a"], 10);
+    let u = tally(&c.pod_ns("pod-a"), "10.96.0.10:53", 10, true);
+    assert_all_answer(&u, &["pod-a"], 10);
+}
+
+#[test]
+fn malformed_objects_are_named_and_the_other_services_still_work() {
+    let c = Cluster::new("malformed", &PODS, &[9376]);
+    let mut m = web(&V4);
+    m += &service("bad-port", &["10.96.0.40"], &[tcp(0, 9376)]);
+    m += "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: default}\naddressType: IPv4\nendpoints: []\n";
+    m += &service("bad-ip", &["10.96.0.999"], &[tcp(80, 9376)]);
+    m += &service(
+        "bad-proto",
+        &["10.96.0.41"],
+        &[Port {
+            name: "x",
+            protocol: "ICMP",
+            port: 80,
+            target: 80,
+        }],
+    );
+    let out = c.apply(&m);
+    let log = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "Service default/bad-port: spec.ports[0].port: 0 is not a valid port",
+        "EndpointSlice default/orphan: metadata.labels: no kubernetes.io/service-name label",
+        "Service default/bad-ip: spec.clusterIPs[0]: \"10.96.0.999\" is not an IP address",
+        "Service default/bad-proto: spec.ports[0].protocol: \"ICMP\" is not a supported protocol",
+    ] {
+        assert!(log.contains(expected), "missing {expected:?} in:\n{log}");
+    }
+    assert_all_answer(
+        &tally(c.client(), "10.96.0.10:80", 30, false),
+        &["pod-a", "pod-b", "pod-c"],
+        30,
+    );
+}
+
+#[test]
+fn cleanup_removes_our_tables_and_nothing_else() {
+    let c = Cluster::new("cleanup", &PODS, &[9376]);
+    c.apply(&web(&V4));
+    let status = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            c.node(),
+            "nft",
+            "add table inet someone-else",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = kube_nft_in(c.node(), &["cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = nft_list(c.node());
+    assert!(listed.contains("table inet someone-else"), "{listed}");
+    assert!(!listed.contains("kube-nft"), "{listed}");
+    // Cleaning up twice is fine.
+    assert!(kube_nft_in(c.node(), &["cleanup"]).status.success());
+}
+
+#[test]
+fn render_prints_what_run_programs() {
+    let c = Cluster::new("render", &PODS, &[9376]);
+    let path = c.scratch.write("web.yaml", &web(&V4));
+    let out = kube_nft_in(
+        c.client(),
+        &[
+            "render",
+            "--manifests",
+            path.to_str().unwrap(),
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            "--service-cidr",
+            SERVICE_CIDRS,
+        ],
+    );
+    assert!(out.status.success());
+    let script = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        script.contains("numgen random mod 3 0 dnat to 10.244.0.11:9376"),
+        "{script}"
+    );
+    // Loading the rendered text with nft gives a working Service, like `run` does.
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", c.node(), "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_all_answer(
+        &tally(c.client(), "10.96.0.10:80", 30, false),
+        &["pod-a", "pod-b", "pod-c"],
+        30,
+    );
+}
