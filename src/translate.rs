@@ -748,3 +748,29 @@ mod tests {
         assert!(service_chain_name(&svc, &port).len() <= 255);
     }
 }
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    /// `nft-templates/skeleton.nft` is the readable form of `skeleton()`; this keeps
+    /// the two from drifting apart.
+    #[test]
+    fn skeleton_matches_its_template() {
+        let template = include_str!("../nft-templates/skeleton.nft");
+        let config = NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+        };
+        let body: String = template
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            crate::text::table(&skeleton(Family::Ip, &config)),
+            body.trim_start()
+        );
+    }
+}

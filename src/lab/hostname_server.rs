@@ -58,16 +58,22 @@ impl Drop for HostnameServer {
 }
 
 fn serve_tcp(listener: TcpListener, name: &str, stop: &AtomicBool) {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let wake = Timespec {
+        tv_sec: 0,
+        tv_nsec: POLL.as_nanos() as _,
+    };
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                let name = name.to_string();
-                std::thread::spawn(move || {
-                    let _ = answer_http(conn, &name);
-                });
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(POLL),
-            Err(_) => std::thread::sleep(POLL),
+        // Wait for a connection, waking now and then to notice `stop`.
+        let mut fds = [PollFd::new(&listener, PollFlags::IN)];
+        if !matches!(poll(&mut fds, Some(&wake)), Ok(n) if n > 0) {
+            continue;
+        }
+        if let Ok((conn, _)) = listener.accept() {
+            let name = name.to_string();
+            std::thread::spawn(move || {
+                let _ = answer_http(conn, &name);
+            });
         }
     }
 }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs, with apt, the system tools kube-nft's lab and tests use, where missing.
+# Sourced by lab.sh and test-all.sh; needs root.
+set -euo pipefail
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
+command -v conntrack >/dev/null || missing+=(conntrack)
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "kube-nft needs a Rust toolchain (cargo): https://rustup.rs" >&2; exit 1; }

@@ -1,0 +1,86 @@
+//! `kube-nft lab`, the demo, as a user runs it: the built-in example and a user's
+//! own manifests.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn lab(args: &[&str]) -> (bool, String) {
+    require_root();
+    let out = Command::new(BIN).arg("lab").args(args).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn lab_shows_the_three_hostnames_pods_answering() {
+    let prefix = unique("lab");
+    let (ok, out) = lab(&["--requests", "30", "--prefix", &prefix]);
+    assert!(ok, "{out}");
+    for pod in [
+        "hostnames-632524106-bbpiw",
+        "hostnames-632524106-ly40y",
+        "hostnames-632524106-tlaok",
+    ] {
+        assert!(
+            out.contains(&format!("→  {pod}")),
+            "{pod} never answered:\n{out}"
+        );
+    }
+    assert!(out.contains("30/30 answered"), "{out}");
+    assert!(
+        out.contains("kernel readback matches the desired ruleset"),
+        "{out}"
+    );
+    assert!(
+        out.contains("numgen random mod 3 0 dnat to 10.244.0.11:9376"),
+        "{out}"
+    );
+    assert!(
+        out.contains("comment \"default/hostnames:default\""),
+        "{out}"
+    );
+    assert!(
+        !netns_exists(&format!("{prefix}-node")),
+        "the lab left its namespaces behind"
+    );
+}
+
+#[test]
+fn lab_runs_a_users_manifests_with_udp_and_an_empty_service() {
+    let scratch = Scratch::new("labm");
+    let m = service("dns", &["10.0.5.10"], &[udp(53, 5353), tcp(80, 8080)])
+        + &slice(
+            "dns",
+            "a",
+            &[udp(53, 5353), tcp(80, 8080)],
+            &["10.244.7.1", "10.244.7.2"],
+        )
+        + &service("empty", &["10.0.5.11"], &[tcp(80, 80)]);
+    let path = scratch.write("m.yaml", &m);
+    let prefix = unique("labm");
+    let (ok, out) = lab(&[
+        "--manifests",
+        path.to_str().unwrap(),
+        "--requests",
+        "20",
+        "--prefix",
+        &prefix,
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("default/dns:dns (10.0.5.10:53/udp): 20/20 answered"),
+        "{out}"
+    );
+    assert!(
+        out.contains("default/dns:http (10.0.5.10:80/tcp): 20/20 answered"),
+        "{out}"
+    );
+    assert!(out.contains("no endpoints: 20/20 refused"), "{out}");
+}
+
+fn netns_exists(name: &str) -> bool {
+    kube_nft::netns::netns_path(name).exists()
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Every check kube-nft has, on a fresh machine, as root: installs what is missing,
+# then formatting, clippy, unit tests, nft parity and real-packet tests in network
+# namespaces the tests create and remove. Ends with one line: "N passed, N failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "the tests create network namespaces: run them as root" >&2; exit 1; }
+source integration/install-deps.sh
+
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --no-fail-fast 2>&1 | tee "$log" || status=$?
+
+leftover=$(ip netns list | grep -E '^kt[0-9]+-' || true)
+if [ -n "$leftover" ]; then
+  echo "tests left network namespaces behind: $leftover" >&2
+  status=1
+fi
+# One closing line over every test binary's "test result:" line.
+awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -1,0 +1,116 @@
+//! Transactions are atomic: a batch the kernel refuses changes nothing, the error
+//! names the refused object, and the previous ruleset keeps serving.
+
+mod common;
+
+use common::*;
+use kube_nft::netlink::{NftError, NftSocket};
+use kube_nft::netns::in_netns;
+use kube_nft::proxy;
+use kube_nft::ruleset::{Family, Rule, Stmt, Verdict};
+use kube_nft::source::files::{load_str, Loaded};
+use kube_nft::translate::{NodeConfig, Ruleset, CHAIN_SERVICES};
+
+fn desired(manifests: &str) -> Ruleset {
+    let mut loaded = Loaded::default();
+    load_str(manifests, "test.yaml", &mut loaded);
+    proxy::desired(&loaded.objects, None, &NodeConfig::default()).0
+}
+
+#[test]
+fn refused_transaction_names_the_object_and_leaves_the_old_rules_serving() {
+    let c = Cluster::new("txn", &[("pod-a", &["10.244.0.11"])], &[9376]);
+    let good = desired(
+        &(service("web", &["10.96.0.10"], &[tcp(80, 9376)])
+            + &slice("web", "a", &[tcp(80, 9376)], &["10.244.0.11"])),
+    );
+    // The same ruleset plus a Service, and a rule that jumps to a chain that does not exist.
+    let mut bad = desired(
+        &(service("web", &["10.96.0.10"], &[tcp(80, 9376)])
+            + &slice("web", "a", &[tcp(80, 9376)], &["10.244.0.11"])
+            + &service("new", &["10.96.0.11"], &[tcp(80, 9376)])
+            + &slice("new", "a", &[tcp(80, 9376)], &["10.244.0.11"])),
+    );
+    bad.tables[0]
+        .chains
+        .iter_mut()
+        .find(|ch| ch.name == CHAIN_SERVICES)
+        .unwrap()
+        .rules
+        .push(Rule::new(vec![Stmt::Verdict(Verdict::Jump(
+            "no-such-chain".into(),
+        ))]));
+
+    let (g, b) = (good.clone(), bad.clone());
+    let (err, still_good) = in_netns(c.node(), move || {
+        let mut sock = NftSocket::open().unwrap();
+        proxy::apply(&mut sock, &g).unwrap();
+        let err = proxy::apply(&mut sock, &b).unwrap_err();
+        (err, proxy::kernel_matches(&mut sock, &g).unwrap())
+    })
+    .unwrap();
+    match &err {
+        NftError::Refused { what, source, .. } => {
+            assert_eq!(what, "add rule to ip kube-nft chain services");
+            assert_eq!(source.raw_os_error(), Some(2), "{err}");
+        }
+        other => panic!("expected a refusal, got {other}"),
+    }
+    assert!(
+        still_good,
+        "the refused transaction changed the kernel's ruleset"
+    );
+    assert_eq!(
+        tally(c.client(), "10.96.0.10:80", 5, false)
+            .answers
+            .get("pod-a"),
+        Some(&5)
+    );
+    // The new Service of the refused transaction is not there.
+    assert!(tally(c.client(), "10.96.0.11:80", 1, false)
+        .answers
+        .is_empty());
+    let listed = nft_list(c.node());
+    assert!(!listed.contains("10.96.0.11"), "{listed}");
+}
+
+#[test]
+fn the_kernel_readback_decodes_every_object_we_wrote() {
+    let c = Cluster::new("readback", &[], &[]);
+    let rs = desired(
+        &(service(
+            "web",
+            &["10.96.0.10", "fd00:10:96::10"],
+            &[tcp(80, 9376), udp(53, 53)],
+        ) + &slice(
+            "web",
+            "a",
+            &[tcp(80, 9376), udp(53, 53)],
+            &["10.244.0.11", "10.244.0.12"],
+        ) + &slice(
+            "web",
+            "b",
+            &[tcp(80, 9376), udp(53, 53)],
+            &["fd00:10:244::11"],
+        )),
+    );
+    let expected: Vec<_> = proxy::lowered(&rs);
+    let tables = in_netns(c.node(), move || {
+        let mut sock = NftSocket::open().unwrap();
+        proxy::apply(&mut sock, &rs).unwrap();
+        Family::ALL.map(|f| sock.read_table(f, "kube-nft").unwrap().unwrap())
+    })
+    .unwrap();
+    for (want, got) in expected.iter().zip(&tables) {
+        assert!(
+            got.chains
+                .iter()
+                .all(|ch| ch.rules.iter().all(|r| r.handle.is_some())),
+            "rules come back with handles"
+        );
+        assert!(
+            proxy::same_table(want, got),
+            "readback differs:\nwant {want:#?}\ngot {got:#?}"
+        );
+    }
+}
