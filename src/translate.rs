@@ -560,6 +560,14 @@ mod tests {
         terminating: true,
     };
 
+    /// The one Service port chain of a table built from one single-port Service.
+    fn service_chain(t: &Table) -> &Chain {
+        t.chains
+            .iter()
+            .find(|c| c.name.starts_with("svc-"))
+            .expect("a Service port chain")
+    }
+
     fn dnat_targets(chain: &Chain) -> Vec<String> {
         chain
             .rules
@@ -586,11 +594,7 @@ mod tests {
         );
         let rs = translate(&state, &NodeConfig::default());
         let t = rs.table(Family::Ip).unwrap();
-        let chain = t
-            .chains
-            .iter()
-            .find(|c| c.name.starts_with("svc-"))
-            .unwrap();
+        let chain = service_chain(t);
         let moduli: Vec<Option<u32>> = chain
             .rules
             .iter()
@@ -639,20 +643,12 @@ mod tests {
             &[("10.244.0.1", READY), ("10.244.0.2", TERMINATING)],
         );
         let t = translate(&state, &NodeConfig::default()).tables.remove(0);
-        let chain = t
-            .chains
-            .iter()
-            .find(|c| c.name.starts_with("svc-"))
-            .unwrap();
+        let chain = service_chain(&t);
         assert_eq!(dnat_targets(chain), vec!["10.244.0.1:9376"]);
 
         let state = state_with("web", &["10.0.0.10"], &[("10.244.0.2", TERMINATING)]);
         let t = translate(&state, &NodeConfig::default()).tables.remove(0);
-        let chain = t
-            .chains
-            .iter()
-            .find(|c| c.name.starts_with("svc-"))
-            .unwrap();
+        let chain = service_chain(&t);
         assert_eq!(dnat_targets(chain), vec!["10.244.0.2:9376"]);
     }
 
@@ -669,11 +665,7 @@ mod tests {
             (Family::Ip6, "fd00:10:244::1:9376"),
         ] {
             let t = rs.table(family).unwrap();
-            let chain = t
-                .chains
-                .iter()
-                .find(|c| c.name.starts_with("svc-"))
-                .unwrap();
+            let chain = service_chain(t);
             assert_eq!(dnat_targets(chain), vec![ep]);
         }
     }
