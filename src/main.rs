@@ -2,6 +2,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
+use kube_nft::daemon::{self, RunOptions};
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
@@ -9,7 +10,7 @@ use kube_nft::translate::{NodeConfig, DEFAULT_MASQUERADE_BIT};
 use kube_nft::{proxy, text};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +32,12 @@ enum Command {
         /// Apply once and exit: 0 only if the ruleset was committed.
         #[arg(long)]
         once: bool,
+        /// How often the whole table is read back and repaired.
+        #[arg(long, default_value = "30s", value_parser = daemon::parse_duration)]
+        sync_period: Duration,
+        /// The least time between syncs; changes within it go out together.
+        #[arg(long, default_value = "1s", value_parser = daemon::parse_duration)]
+        min_sync_period: Duration,
     },
     /// Print, as `nft -f` input, the ruleset `run` would program.
     Render {
@@ -114,65 +121,32 @@ impl ProxyArgs {
     }
 }
 
-/// The newest modification time among the manifest files and directories.
-fn manifests_stamp(paths: &[PathBuf]) -> Option<SystemTime> {
-    let mut all = paths.to_vec();
-    all.extend(files::manifest_files(paths).ok()?);
-    all.iter()
-        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .max()
-}
-
-fn run(args: &ProxyArgs, once: bool) -> Result<(), String> {
-    let config = args.config()?;
-    let mut sock =
-        NftSocket::open().map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
-    let mut applied_stamp;
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        let stamp = manifests_stamp(&args.manifests);
-        let result = args.desired(&config).and_then(|ruleset| {
-            let t = std::time::Instant::now();
-            let c = proxy::apply(&mut sock, &ruleset).map_err(|e| e.to_string())?;
-            tracing::info!(
-                messages = c.messages,
-                bytes = c.bytes,
-                "synced in {:.1} ms",
-                t.elapsed().as_secs_f64() * 1000.0
-            );
-            Ok(())
-        });
-        match result {
-            Ok(()) if once => return Ok(()),
-            Ok(()) => {
-                applied_stamp = stamp;
-                backoff = Duration::from_secs(1);
-            }
-            Err(e) if once => return Err(e),
-            Err(e) => {
-                // The previous ruleset stays in place; try again, more slowly each time.
-                tracing::error!("sync failed, retrying in {}s: {e}", backoff.as_secs());
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
-        }
-        while manifests_stamp(&args.manifests) == applied_stamp {
-            std::thread::sleep(Duration::from_millis(500));
-        }
-    }
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let cli = Cli::parse();
     let result: Result<bool, String> = match cli.command {
-        Command::Run { proxy, once } => run(&proxy, once).map(|_| true),
+        Command::Run {
+            proxy,
+            once,
+            sync_period,
+            min_sync_period,
+        } => proxy.config().and_then(|config| {
+            daemon::run(RunOptions {
+                manifests: proxy.manifests,
+                node_name: proxy.node_name,
+                config,
+                once,
+                sync_period,
+                min_sync_period,
+            })
+            .map(|_| true)
+        }),
         Command::Render { proxy } => {
             proxy
                 .config()

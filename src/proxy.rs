@@ -1,22 +1,31 @@
-//! One sync of the proxy: objects → model → desired ruleset → kernel.
+//! The proxy's sync engine: the model, what has been applied per Service, and the
+//! two kinds of sync that bring the kernel to the desired state.
 //!
-//! Today every sync replaces our tables in one atomic transaction; packets see the
-//! old rules until the commit and the new ones after it, and established
-//! connections keep their conntrack NAT state throughout. Incremental syncs (only
-//! what changed) are the next step (issue #3) and will slot in here.
+//! - A **full sync** reads our tables back (compactly, see `netlink::view`), diffs
+//!   them against the whole desired ruleset and sends only the difference. It runs
+//!   at start (so a restart over a correct ruleset writes nothing), periodically,
+//!   after any failed transaction, and when someone else changed our table.
+//! - A **partial sync** recomputes only the Services marked dirty since the last
+//!   sync and sends only what they changed; its cost follows the change, not the
+//!   cluster. It trusts what the last sync applied, and re-reads only the chains
+//!   it edits (for their rule handles and current endpoint slots).
+//!
+//! Either way the changes go out as one atomic transaction; if the kernel refuses
+//! it nothing changed, and the next sync is a full one.
 
-use crate::model::{build_state, Objects, Rejected, Validated};
-use crate::netlink::{lower_table, Committed, KernelTable, NftError, NftSocket};
+use crate::model::{build_state, ClusterState, Objects, Rejected, ServiceKey, Validated};
+use crate::netlink::diff::{diff_rules, Plan};
+use crate::netlink::lower::{lower_chain, lower_element, lower_table, KernelChain, KernelElement};
+use crate::netlink::view::{RuleView, TableView};
+use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
 use crate::ruleset::{Family, TABLE_NAME};
-use crate::translate::{translate, NodeConfig, Ruleset};
-
-/// What one sync did.
-#[derive(Debug)]
-pub struct SyncReport {
-    pub ruleset: Ruleset,
-    pub rejected: Vec<Rejected>,
-    pub committed: Committed,
-}
+use crate::translate::{
+    hairpin_element, service_rules, skeleton, translate, translate_with_hints, NodeConfig, Ruleset,
+    SlotHints, SlotKey, SET_CLUSTER_IPS, SET_HAIRPIN,
+};
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 /// Validates the objects and computes the desired ruleset, logging each rejected
 /// object; the others still go through.
@@ -25,21 +34,32 @@ pub fn desired(
     node_name: Option<&str>,
     config: &NodeConfig,
 ) -> (Ruleset, Validated) {
+    let validated = validate(objects, node_name);
+    (translate(&validated.state, config), validated)
+}
+
+/// Validates the objects, logging each one rejected or skipped.
+pub fn validate(objects: &Objects, node_name: Option<&str>) -> Validated {
     let validated = build_state(objects, node_name);
-    for r in &validated.rejected {
-        tracing::warn!(object = %r.object, field = %r.field, "rejected: {r}");
-    }
+    log_rejected(&validated.rejected);
     for (object, why) in &validated.skipped {
         tracing::debug!("{object}: not proxied ({why:?})");
     }
-    (translate(&validated.state, config), validated)
+    validated
+}
+
+pub fn log_rejected(rejected: &[Rejected]) {
+    for r in rejected {
+        tracing::warn!(object = %r.object, field = %r.field, "rejected: {r}");
+    }
 }
 
 pub fn lowered(ruleset: &Ruleset) -> Vec<KernelTable> {
     ruleset.tables.iter().map(lower_table).collect()
 }
 
-/// Programs `ruleset` into the current network namespace, replacing our tables.
+/// Programs `ruleset` into the current network namespace, replacing our tables
+/// whole (what `nft -f` of `kube-nft render` does).
 pub fn apply(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<Committed, NftError> {
     let batch = crate::netlink::nftables::replace_tables(&lowered(ruleset));
     sock.commit(batch)
@@ -56,14 +76,9 @@ pub fn cleanup(sock: &mut NftSocket) -> Result<Committed, NftError> {
 /// Reads our tables back and says whether the kernel holds exactly `ruleset`.
 pub fn kernel_matches(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<bool, NftError> {
     for want in lowered(ruleset) {
-        let Some(mut got) = sock.read_table(want.family, &want.name)? else {
+        let Some(got) = sock.read_table(want.family, &want.name)? else {
             return Ok(false);
         };
-        for c in &mut got.chains {
-            for r in &mut c.rules {
-                r.handle = None;
-            }
-        }
         if !same_table(&want, &got) {
             return Ok(false);
         }
@@ -71,7 +86,9 @@ pub fn kernel_matches(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<bool, N
     Ok(true)
 }
 
-/// Equal as programmed: same objects in the same order, counters ignored.
+/// Equal as programmed: the same sets, elements, chains and rules, handles and
+/// counters ignored. Chain order is not compared: it is creation order in the
+/// kernel, and packets reach Service chains only through the maps.
 pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
     let mut a_sets = a.sets.clone();
     let mut b_sets = b.sets.clone();
@@ -79,16 +96,505 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
     for s in a_sets.iter_mut().chain(b_sets.iter_mut()) {
         s.elements.sort_by(|x, y| x.key.cmp(&y.key));
     }
+    fn by_name(t: &KernelTable) -> Vec<&KernelChain> {
+        let mut v: Vec<&KernelChain> = t.chains.iter().collect();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    }
+    let (a_chains, b_chains) = (by_name(a), by_name(b));
     a.family == b.family
         && a.name == b.name
         && a.userdata == b.userdata
         && a_sets == b_sets
-        && a.chains.len() == b.chains.len()
-        && a.chains.iter().zip(&b.chains).all(|(x, y)| {
+        && a_chains.len() == b_chains.len()
+        && a_chains.iter().zip(&b_chains).all(|(x, y)| {
             x.name == y.name
                 && x.base == y.base
                 && x.userdata == y.userdata
                 && x.rules.len() == y.rules.len()
                 && x.rules.iter().zip(&y.rules).all(|(r, s)| r.same_as(s))
         })
+}
+
+/// What one Service has in one family's table, as last applied.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Applied {
+    chains: Vec<String>,
+    elements: Vec<(&'static str, KernelElement)>,
+    hairpin: Vec<IpAddr>,
+}
+
+/// One Service's rules in one family, lowered to kernel objects.
+struct LoweredService {
+    chains: Vec<KernelChain>,
+    applied: Applied,
+}
+
+fn lower_service(
+    state: &ClusterState,
+    key: &ServiceKey,
+    family: Family,
+    hints: &dyn SlotHints,
+) -> Option<LoweredService> {
+    let svc = state.services.get(key)?;
+    let rules = service_rules(state, svc, family, hints);
+    let elements = rules
+        .elements
+        .iter()
+        .map(|(set, e)| (*set, lower_element(e, *set != SET_CLUSTER_IPS)))
+        .collect();
+    Some(LoweredService {
+        applied: Applied {
+            chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
+            elements,
+            hairpin: rules.hairpin.clone(),
+        },
+        chains: rules
+            .chains
+            .iter()
+            .map(|c| lower_chain(family, c))
+            .collect(),
+    })
+}
+
+struct ViewHints<'a>(&'a [Option<TableView>; 2]);
+
+impl SlotHints for ViewHints<'_> {
+    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>> {
+        self.0[family_index(family)]
+            .as_ref()?
+            .chain(chain)
+            .map(|c| c.slots())
+    }
+}
+
+/// Chains re-read from the kernel for a partial sync, by family and name.
+struct ChainHints(HashMap<(Family, String), Vec<RuleView>>);
+
+impl SlotHints for ChainHints {
+    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>> {
+        self.0
+            .get(&(family, chain.to_string()))
+            .map(|rules| rules.iter().rev().filter_map(|r| r.dnat).collect())
+    }
+}
+
+fn family_index(f: Family) -> usize {
+    match f {
+        Family::Ip => 0,
+        Family::Ip6 => 1,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Readback of the whole table and diff against everything.
+    Full,
+    /// Only the Services that changed.
+    Partial,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReport {
+    pub kind: SyncKind,
+    /// Services recomputed (all of them for a full sync).
+    pub services: usize,
+    pub committed: Committed,
+    pub duration: Duration,
+}
+
+/// The proxy: the model of the cluster, and the kernel kept in step with it.
+pub struct Proxier {
+    config: NodeConfig,
+    sock: NftSocket,
+    state: ClusterState,
+    applied: HashMap<(ServiceKey, Family), Applied>,
+    /// How many Services use each hairpin element.
+    hairpin_refs: HashMap<(Family, IpAddr), usize>,
+    dirty: BTreeSet<ServiceKey>,
+    full_sync_needed: bool,
+}
+
+impl Proxier {
+    /// Opens the nf_tables socket in the current network namespace. The first sync
+    /// is a full one: it adopts whatever correct state the kernel already has.
+    pub fn new(config: NodeConfig) -> std::io::Result<Proxier> {
+        Ok(Proxier {
+            config,
+            sock: NftSocket::open()?,
+            state: ClusterState::default(),
+            applied: HashMap::new(),
+            hairpin_refs: HashMap::new(),
+            dirty: BTreeSet::new(),
+            full_sync_needed: true,
+        })
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub fn socket(&mut self) -> &mut NftSocket {
+        &mut self.sock
+    }
+
+    /// The whole desired ruleset for the current model.
+    pub fn desired(&self) -> Ruleset {
+        translate(&self.state, &self.config)
+    }
+
+    /// Replaces the model (a reloaded source); only Services whose Service or
+    /// EndpointSlices differ are marked for the next sync.
+    pub fn replace_state(&mut self, state: ClusterState) {
+        let keys: BTreeSet<&ServiceKey> = self
+            .state
+            .services
+            .keys()
+            .chain(state.services.keys())
+            .chain(self.state.slices.keys())
+            .chain(state.slices.keys())
+            .collect();
+        for key in keys {
+            if self.state.services.get(key) != state.services.get(key)
+                || self.state.slices.get(key) != state.slices.get(key)
+            {
+                self.dirty.insert(key.clone());
+            }
+        }
+        self.state = state;
+    }
+
+    /// Changes the model through `change`, marking the Service `key` for the next sync.
+    pub fn update(&mut self, key: &ServiceKey, change: impl FnOnce(&mut ClusterState)) {
+        change(&mut self.state);
+        self.dirty.insert(key.clone());
+    }
+
+    /// Makes the next sync a full readback and diff (drift, resync period).
+    pub fn request_full_sync(&mut self) {
+        self.full_sync_needed = true;
+    }
+
+    pub fn pending(&self) -> bool {
+        self.full_sync_needed || !self.dirty.is_empty()
+    }
+
+    /// Brings the kernel to the desired state: a full sync when one is due, else
+    /// a partial one over the dirty Services. After an error the next is full.
+    pub fn sync(&mut self) -> Result<SyncReport, NftError> {
+        let started = Instant::now();
+        let result = if self.full_sync_needed {
+            self.full_sync()
+        } else {
+            self.partial_sync()
+        };
+        match result {
+            Ok((kind, services, committed)) => Ok(SyncReport {
+                kind,
+                services,
+                committed,
+                duration: started.elapsed(),
+            }),
+            Err(e) => {
+                self.full_sync_needed = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn full_sync(&mut self) -> Result<(SyncKind, usize, Committed), NftError> {
+        let views = [
+            self.sock.read_view(Family::Ip, TABLE_NAME)?,
+            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
+        ];
+        let mut plan = Plan::default();
+        let mut applied = HashMap::new();
+        let mut hairpin_refs = HashMap::new();
+        let hints = ViewHints(&views);
+        for family in Family::ALL {
+            let view = views[family_index(family)].as_ref();
+            let skeleton = lower_table(&skeleton(family, &self.config));
+            let mut rebuild = !plan_skeleton(&mut plan, family, &skeleton, view);
+            let mut wanted_chains: BTreeSet<String> =
+                skeleton.chains.iter().map(|c| c.name.clone()).collect();
+            let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
+                HashMap::new();
+            for key in self.state.services.keys() {
+                let Some(svc) = lower_service(&self.state, key, family, &hints) else {
+                    continue;
+                };
+                for chain in svc.chains {
+                    wanted_chains.insert(chain.name.clone());
+                    rebuild |= !plan_chain(&mut plan, family, chain, view);
+                }
+                for (set, e) in &svc.applied.elements {
+                    wanted_elements
+                        .entry(set)
+                        .or_default()
+                        .entry(e.key.clone())
+                        .or_insert_with(|| e.clone());
+                }
+                for a in &svc.applied.hairpin {
+                    *hairpin_refs.entry((family, *a)).or_insert(0) += 1;
+                }
+                applied.insert((key.clone(), family), svc.applied);
+            }
+            let hairpin = wanted_elements.entry(SET_HAIRPIN).or_default();
+            for (f, a) in hairpin_refs.keys() {
+                if *f == family {
+                    let e = lower_element(&hairpin_element(*a), true);
+                    hairpin.insert(e.key.clone(), e);
+                }
+            }
+            for set in &skeleton.sets {
+                let have = view.and_then(|v| v.set(&set.name)).map(|s| &s.elements);
+                let want = wanted_elements
+                    .remove(set.name.as_str())
+                    .unwrap_or_default();
+                plan_elements(&mut plan, family, &set.name, have, want);
+            }
+            if let Some(v) = view {
+                for c in v.chains.iter().filter(|c| !wanted_chains.contains(&c.name)) {
+                    plan.delete_chain(family, &c.name);
+                }
+            }
+            if rebuild {
+                let ruleset = translate_with_hints(&self.state, &self.config, &hints);
+                plan.rebuild(lower_table(
+                    ruleset.table(family).expect("a table per family"),
+                ));
+            }
+        }
+        let services = self.state.services.len();
+        let committed = self.commit(plan)?;
+        self.applied = applied;
+        self.hairpin_refs = hairpin_refs;
+        self.dirty.clear();
+        self.full_sync_needed = false;
+        Ok((SyncKind::Full, services, committed))
+    }
+
+    fn partial_sync(&mut self) -> Result<(SyncKind, usize, Committed), NftError> {
+        let dirty: Vec<ServiceKey> = std::mem::take(&mut self.dirty).into_iter().collect();
+        // Re-read the chains these Services had: their handles and endpoint slots.
+        let mut kernel = HashMap::new();
+        for key in &dirty {
+            for family in Family::ALL {
+                for chain in self
+                    .applied
+                    .get(&(key.clone(), family))
+                    .map(|a| a.chains.as_slice())
+                    .unwrap_or_default()
+                {
+                    let rules = self.sock.read_chain_rules(family, TABLE_NAME, chain)?;
+                    kernel.insert((family, chain.clone()), rules);
+                }
+            }
+        }
+        let hints = ChainHints(kernel);
+        let mut plan = Plan::default();
+        let mut updates = Vec::new();
+        let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
+        for key in &dirty {
+            for family in Family::ALL {
+                let old = self
+                    .applied
+                    .get(&(key.clone(), family))
+                    .cloned()
+                    .unwrap_or_default();
+                let new = lower_service(&self.state, key, family, &hints);
+                let (chains, new_applied) = match new {
+                    Some(s) => (s.chains, s.applied),
+                    None => (Vec::new(), Applied::default()),
+                };
+                for chain in chains {
+                    match hints.0.get(&(family, chain.name.clone())) {
+                        Some(rules) if old.chains.contains(&chain.name) => {
+                            plan.rules(family, &chain.name, diff_rules(rules, &chain.rules))
+                        }
+                        _ => plan.add_chain(family, chain),
+                    }
+                }
+                diff_service_elements(&mut plan, family, &old.elements, &new_applied.elements);
+                for c in old
+                    .chains
+                    .iter()
+                    .filter(|c| !new_applied.chains.contains(c))
+                {
+                    plan.delete_chain(family, c);
+                }
+                for a in &old.hairpin {
+                    *hairpin_delta.entry((family, *a)).or_insert(0) -= 1;
+                }
+                for a in &new_applied.hairpin {
+                    *hairpin_delta.entry((family, *a)).or_insert(0) += 1;
+                }
+                updates.push(((key.clone(), family), new_applied));
+            }
+        }
+        let mut new_refs = Vec::new();
+        for ((family, addr), delta) in hairpin_delta {
+            let before = self.hairpin_refs.get(&(family, addr)).copied().unwrap_or(0);
+            let after = (before as isize + delta).max(0) as usize;
+            let e = lower_element(&hairpin_element(addr), true);
+            match (before, after) {
+                (0, n) if n > 0 => plan.add_element(family, SET_HAIRPIN, e),
+                (n, 0) if n > 0 => plan.delete_element(family, SET_HAIRPIN, e),
+                _ => {}
+            }
+            new_refs.push(((family, addr), after));
+        }
+        let committed = self.commit(plan)?;
+        for (k, a) in updates {
+            if a == Applied::default() {
+                self.applied.remove(&k);
+            } else {
+                self.applied.insert(k, a);
+            }
+        }
+        for (k, n) in new_refs {
+            if n == 0 {
+                self.hairpin_refs.remove(&k);
+            } else {
+                self.hairpin_refs.insert(k, n);
+            }
+        }
+        Ok((SyncKind::Partial, dirty.len(), committed))
+    }
+
+    /// The desired ruleset with endpoints in the slots the kernel has them in:
+    /// what the kernel must hold after a successful sync.
+    pub fn desired_as_placed(&mut self) -> Result<Ruleset, NftError> {
+        let views = [
+            self.sock.read_view(Family::Ip, TABLE_NAME)?,
+            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
+        ];
+        Ok(translate_with_hints(
+            &self.state,
+            &self.config,
+            &ViewHints(&views),
+        ))
+    }
+
+    /// Whether the kernel holds exactly the desired ruleset (read back in full).
+    pub fn verify(&mut self) -> Result<bool, NftError> {
+        let want = self.desired_as_placed()?;
+        kernel_matches(&mut self.sock, &want)
+    }
+
+    fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
+        if plan.is_empty() {
+            return Ok(Committed {
+                messages: 0,
+                bytes: 0,
+            });
+        }
+        self.sock.commit(plan.into_batch())
+    }
+}
+
+/// Plans the static part of a table. Returns false when the kernel's version
+/// cannot be patched in place (then the table is rebuilt).
+fn plan_skeleton(
+    plan: &mut Plan,
+    family: Family,
+    skeleton: &KernelTable,
+    view: Option<&TableView>,
+) -> bool {
+    let Some(v) = view else {
+        plan.add_table(family, skeleton.userdata.clone());
+        for s in &skeleton.sets {
+            let mut def = s.clone();
+            def.elements.clear();
+            plan.add_set(family, def);
+        }
+        for c in &skeleton.chains {
+            plan.add_chain(family, c.clone());
+        }
+        return true;
+    };
+    if v.userdata != skeleton.userdata || v.sets.len() != skeleton.sets.len() {
+        return false;
+    }
+    for s in &skeleton.sets {
+        match v.set(&s.name) {
+            Some(have)
+                if have.def.flags == s.flags
+                    && have.def.key_type == s.key_type
+                    && have.def.key_len == s.key_len
+                    && have.def.data_type == s.data_type
+                    && have.def.userdata == s.userdata => {}
+            _ => return false,
+        }
+    }
+    skeleton
+        .chains
+        .iter()
+        .all(|c| plan_chain(plan, family, c.clone(), view))
+}
+
+/// Plans one chain against the kernel's; false if it must be rebuilt.
+fn plan_chain(
+    plan: &mut Plan,
+    family: Family,
+    chain: KernelChain,
+    view: Option<&TableView>,
+) -> bool {
+    match view.and_then(|v| v.chain(&chain.name)) {
+        None => {
+            plan.add_chain(family, chain);
+            true
+        }
+        Some(have) if have.base != chain.base || have.userdata != chain.userdata => false,
+        Some(have) => {
+            let ops = diff_rules(&have.rules, &chain.rules);
+            plan.rules(family, &chain.name, ops);
+            true
+        }
+    }
+}
+
+fn plan_elements(
+    plan: &mut Plan,
+    family: Family,
+    set: &str,
+    have: Option<&HashMap<Vec<u8>, KernelElement>>,
+    want: HashMap<Vec<u8>, KernelElement>,
+) {
+    let empty = HashMap::new();
+    let have = have.unwrap_or(&empty);
+    for (key, old) in have {
+        match want.get(key) {
+            Some(new) if new == old => {}
+            _ => plan.delete_element(family, set, old.clone()),
+        }
+    }
+    for (key, new) in want {
+        if have.get(&key) != Some(&new) {
+            plan.add_element(family, set, new);
+        }
+    }
+}
+
+fn diff_service_elements(
+    plan: &mut Plan,
+    family: Family,
+    old: &[(&'static str, KernelElement)],
+    new: &[(&'static str, KernelElement)],
+) {
+    for (set, e) in old {
+        if !new.iter().any(|(s, n)| s == set && n == e) {
+            plan.delete_element(family, set, e.clone());
+        }
+    }
+    for (set, e) in new {
+        if !old.iter().any(|(s, o)| s == set && o == e) {
+            plan.add_element(family, set, e.clone());
+        }
+    }
 }

@@ -19,8 +19,9 @@ use crate::ruleset::{
     Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
 };
 use ipnet::IpNet;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
@@ -369,24 +370,74 @@ fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
     ]
 }
 
-/// The endpoint-selection chain of one Service port: a `numgen` cascade ending in
-/// an unconditional DNAT, so exactly one rule fires and each endpoint gets 1/n.
+/// An endpoint's identity in a cascade slot.
+pub type SlotKey = (IpAddr, u16);
+
+/// Where the kernel's cascade currently has each endpoint of a chain, by slot
+/// (slot 0 = the last rule); `None` for a chain it does not have.
+pub trait SlotHints {
+    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>>;
+}
+
+/// No hints: a ruleset computed from scratch (render, a cold start).
+pub struct NoHints;
+
+impl SlotHints for NoHints {
+    fn slots(&self, _: Family, _: &str) -> Option<Vec<SlotKey>> {
+        None
+    }
+}
+
+/// Assigns the usable endpoints to cascade slots, keeping every endpoint that
+/// stays where it was. A leaving endpoint's slot is taken by the one in the last
+/// slot; newcomers take new slots. So one endpoint change moves at most one other
+/// endpoint, and the chain changes by one or two rules. From scratch, slots are
+/// filled so the chain lists endpoints in ascending order.
+pub fn assign_slots<'a>(
+    previous: Option<Vec<SlotKey>>,
+    usable: &[&'a PortEndpoint],
+) -> Vec<&'a PortEndpoint> {
+    let by_key: BTreeMap<SlotKey, &PortEndpoint> =
+        usable.iter().map(|e| ((e.addr, e.port), *e)).collect();
+    let mut slots: Vec<SlotKey> = Vec::new();
+    for k in previous.unwrap_or_default() {
+        if !slots.contains(&k) {
+            slots.push(k);
+        }
+    }
+    for i in (0..slots.len()).rev() {
+        if !by_key.contains_key(&slots[i]) {
+            slots.swap_remove(i);
+        }
+    }
+    let newcomers: Vec<SlotKey> = by_key
+        .keys()
+        .rev()
+        .filter(|k| !slots.contains(k))
+        .copied()
+        .collect();
+    slots.extend(newcomers);
+    slots.iter().map(|k| by_key[k]).collect()
+}
+
+/// The endpoint-selection chain of one Service port: a `numgen` cascade, one rule
+/// per slot from the highest down. The rule of slot k matches with probability
+/// 1/(k+1) (slot 0 always), so each of n endpoints gets exactly 1/n.
 fn service_port_chain(
     name: String,
     label: &str,
     port: &ServicePort,
-    endpoints: &[&PortEndpoint],
+    slots: &[&PortEndpoint],
 ) -> Chain {
-    let n = endpoints.len() as u32;
-    let rules = endpoints
+    let rules = slots
         .iter()
         .enumerate()
+        .rev()
         .map(|(k, ep)| {
             let mut stmts = vec![Stmt::L4Proto(port.protocol)];
-            let remaining = n - k as u32;
-            if remaining > 1 {
+            if k > 0 {
                 stmts.push(Stmt::NumgenEq {
-                    modulus: remaining,
+                    modulus: k as u32 + 1,
                     value: 0,
                 });
             }
@@ -405,86 +456,133 @@ fn service_port_chain(
     }
 }
 
-fn table_for(state: &ClusterState, config: &NodeConfig, family: Family) -> Table {
-    let mut table = skeleton(family, config);
-    let mut cluster_ips = Vec::new();
-    let mut service_ips = Vec::new();
-    let mut no_endpoints = Vec::new();
-    let mut hairpin = BTreeSet::new();
-    let mut chains = Vec::new();
+/// What one Service contributes to one family's table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceRules {
+    pub chains: Vec<Chain>,
+    /// Elements, with the name of the set or map they belong to.
+    pub elements: Vec<(&'static str, Element)>,
+    /// Endpoints that need a hairpin element (shared between Services).
+    pub hairpin: Vec<IpAddr>,
+}
 
-    for svc in state.services.values() {
-        let Some(vip) = svc
-            .cluster_ips
-            .iter()
-            .copied()
-            .find(|ip| Family::of(ip) == family)
-        else {
-            continue;
-        };
-        cluster_ips.push(Element {
+/// The chains and elements of one Service in one family.
+pub fn service_rules(
+    state: &ClusterState,
+    svc: &Service,
+    family: Family,
+    hints: &dyn SlotHints,
+) -> ServiceRules {
+    let mut out = ServiceRules::default();
+    let Some(vip) = svc
+        .cluster_ips
+        .iter()
+        .copied()
+        .find(|ip| Family::of(ip) == family)
+    else {
+        return out;
+    };
+    out.elements.push((
+        SET_CLUSTER_IPS,
+        Element {
             key: vec![KeyValue::Addr(vip)],
             verdict: None,
             comment: Some(clamp_comment(&svc.key.to_string())),
-        });
-        for port in &svc.ports {
-            let label = svc.port_label(port);
-            let all = state.endpoints_for(svc, port);
-            let in_family: Vec<PortEndpoint> = all
-                .into_iter()
-                .filter(|e| Family::of(&e.addr) == family)
-                .collect();
-            let usable = usable_endpoints(&in_family);
-            let comment = Some(clamp_comment(&label));
-            if usable.is_empty() {
-                no_endpoints.push(Element {
+        },
+    ));
+    for port in &svc.ports {
+        let label = svc.port_label(port);
+        let in_family: Vec<PortEndpoint> = state
+            .endpoints_for(svc, port)
+            .into_iter()
+            .filter(|e| Family::of(&e.addr) == family)
+            .collect();
+        let usable = usable_endpoints(&in_family);
+        let comment = Some(clamp_comment(&label));
+        if usable.is_empty() {
+            out.elements.push((
+                MAP_NO_ENDPOINT_SERVICES,
+                Element {
                     key: dispatch_key(vip, port),
                     verdict: Some(Verdict::Goto(CHAIN_REJECT.into())),
                     comment,
-                });
-                continue;
-            }
-            let chain_name = service_chain_name(svc, port);
-            service_ips.push(Element {
+                },
+            ));
+            continue;
+        }
+        let chain_name = service_chain_name(svc, port);
+        let slots = assign_slots(hints.slots(family, &chain_name), &usable);
+        out.elements.push((
+            MAP_SERVICE_IPS,
+            Element {
                 key: dispatch_key(vip, port),
                 verdict: Some(Verdict::Goto(chain_name.clone())),
                 comment,
-            });
-            hairpin.extend(usable.iter().map(|e| e.addr));
-            chains.push(service_port_chain(chain_name, &label, port, &usable));
-        }
+            },
+        ));
+        out.hairpin.extend(usable.iter().map(|e| e.addr));
+        out.chains
+            .push(service_port_chain(chain_name, &label, port, &slots));
     }
+    out.hairpin.sort();
+    out.hairpin.dedup();
+    out
+}
 
-    let hairpin = hairpin
-        .into_iter()
-        .map(|a| Element {
-            key: vec![KeyValue::Addr(a), KeyValue::Addr(a)],
-            verdict: None,
-            comment: None,
-        })
-        .collect();
-    for (name, mut elements) in [
-        (SET_CLUSTER_IPS, cluster_ips),
-        (MAP_SERVICE_IPS, service_ips),
-        (MAP_NO_ENDPOINT_SERVICES, no_endpoints),
-        (SET_HAIRPIN, hairpin),
-    ] {
-        elements.sort_by(|a, b| a.key.cmp(&b.key));
-        elements.dedup_by(|a, b| a.key == b.key);
+pub fn hairpin_element(addr: IpAddr) -> Element {
+    Element {
+        key: vec![KeyValue::Addr(addr), KeyValue::Addr(addr)],
+        verdict: None,
+        comment: None,
+    }
+}
+
+fn table_for(
+    state: &ClusterState,
+    config: &NodeConfig,
+    family: Family,
+    hints: &dyn SlotHints,
+) -> Table {
+    let mut table = skeleton(family, config);
+    let mut elements: BTreeMap<&str, Vec<Element>> = BTreeMap::new();
+    let mut hairpin = BTreeSet::new();
+    for svc in state.services.values() {
+        let rules = service_rules(state, svc, family, hints);
+        for (set, e) in rules.elements {
+            elements.entry(set).or_default().push(e);
+        }
+        hairpin.extend(rules.hairpin);
+        table.chains.extend(rules.chains);
+    }
+    elements.insert(
+        SET_HAIRPIN,
+        hairpin.into_iter().map(hairpin_element).collect(),
+    );
+    for (name, mut els) in elements {
+        els.sort_by(|a, b| a.key.cmp(&b.key));
+        els.dedup_by(|a, b| a.key == b.key);
         if let Some(s) = table.sets.iter_mut().find(|s| s.name == name) {
-            s.elements = elements;
+            s.elements = els;
         }
     }
-    table.chains.extend(chains);
     table
 }
 
 /// The whole desired ruleset: a table for IPv4 and one for IPv6.
 pub fn translate(state: &ClusterState, config: &NodeConfig) -> Ruleset {
+    translate_with_hints(state, config, &NoHints)
+}
+
+/// The same, keeping endpoints in the cascade slots the kernel has them in.
+pub fn translate_with_hints(
+    state: &ClusterState,
+    config: &NodeConfig,
+    hints: &dyn SlotHints,
+) -> Ruleset {
     Ruleset {
         tables: Family::ALL
             .iter()
-            .map(|f| table_for(state, config, *f))
+            .map(|f| table_for(state, config, *f, hints))
             .collect(),
     }
 }
@@ -718,6 +816,56 @@ mod tests {
         };
         let err = config.validate().unwrap_err();
         assert!(err.0.starts_with("--cluster-cidr: 2 ip CIDRs"), "{err}");
+    }
+
+    fn ep(last: u8) -> PortEndpoint {
+        PortEndpoint {
+            addr: IpAddr::from([10, 244, 0, last]),
+            port: 80,
+            conditions: READY,
+            node_name: None,
+            zone: None,
+        }
+    }
+
+    fn keys(slots: &[&PortEndpoint]) -> Vec<u8> {
+        slots
+            .iter()
+            .map(|e| match e.addr {
+                IpAddr::V4(a) => a.octets()[3],
+                IpAddr::V6(_) => 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slots_from_scratch_list_endpoints_in_ascending_order() {
+        let eps = [ep(1), ep(2), ep(3)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        // Slot 0 is the last rule, so the highest slot holds the lowest address.
+        assert_eq!(keys(&assign_slots(None, &refs)), vec![3, 2, 1]);
+    }
+
+    #[test]
+    fn a_leaving_endpoint_is_replaced_by_the_last_slot_and_others_stay() {
+        let eps = [ep(1), ep(2), ep(4), ep(5)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        let previous: Vec<SlotKey> = [5, 4, 3, 2, 1]
+            .iter()
+            .map(|l| (IpAddr::from([10, 244, 0, *l]), 80))
+            .collect();
+        // 3 (slot 2) leaves: 1 (slot 4, the last) moves into slot 2.
+        assert_eq!(
+            keys(&assign_slots(Some(previous.clone()), &refs)),
+            vec![5, 4, 1, 2]
+        );
+        // A newcomer takes a new slot at the end; nobody moves.
+        let eps = [ep(1), ep(2), ep(3), ep(4), ep(5), ep(6)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        assert_eq!(
+            keys(&assign_slots(Some(previous), &refs)),
+            vec![5, 4, 3, 2, 1, 6]
+        );
     }
 
     #[test]

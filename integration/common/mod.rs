@@ -260,3 +260,68 @@ pub fn nft_list(ns: &str) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// `kube-nft run` (the daemon) in a namespace, logging to a file; killed on drop.
+pub struct Daemon {
+    child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(ns: &str, manifests: &Path, log: PathBuf, extra: &[&str]) -> Daemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, BIN, "run", "--manifests"])
+            .arg(manifests)
+            .args([
+                "--cluster-cidr",
+                CLUSTER_CIDRS,
+                "--service-cidr",
+                SERVICE_CIDRS,
+            ])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Lines of the log that report a sync of this kind ("Full" or "Partial").
+    pub fn syncs(&self, kind: &str) -> usize {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains("synced") && l.contains(&format!("kind={kind}")))
+            .count()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 100 ms until it holds; returns how long that took.
+pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < limit,
+            "gave up after {limit:?} waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+/// Whether one request to `target` from `ns` is answered.
+pub fn answers(ns: &str, target: &str) -> bool {
+    let t = tally(ns, target, 1, false);
+    t.errors.is_empty()
+}

@@ -80,7 +80,8 @@ fn serve_tcp(listener: TcpListener, name: &str, stop: &AtomicBool) {
 
 fn answer_http(mut conn: TcpStream, name: &str) -> io::Result<()> {
     conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    // Long enough for a test to hold a connection open across a proxy restart.
+    conn.set_read_timeout(Some(Duration::from_secs(20)))?;
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
     // Read the request head; a client that sends nothing still gets the answer.

@@ -1,13 +1,17 @@
 //! The nftables backend: our own netlink encoder and decoder for nf_tables.
 //!
 //! `attr` frames attributes, `expr` is the kernel's expression vocabulary, `lower`
-//! turns ruleset objects into kernel objects (bytecode identical to `nft`'s), and
-//! `nftables` sends transactions and reads our tables back.
+//! turns ruleset objects into kernel objects (bytecode identical to `nft`'s),
+//! `nftables` sends transactions and reads our tables back, `view` keeps a compact
+//! picture of what the kernel holds, and `diff` plans the transaction between the two.
 
 pub mod attr;
+pub mod diff;
 pub mod expr;
 pub mod lower;
+pub mod monitor;
 pub mod nftables;
+pub mod view;
 
 pub use lower::{lower_table, KernelTable};
 pub use nftables::{Batch, Committed, NftError, NftSocket};

@@ -20,6 +20,7 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 /// Set on an error message that carries extended-ack TLVs after the request header.
@@ -32,19 +33,19 @@ const NFNL_MSG_BATCH_END: u16 = 17;
 
 // enum nf_tables_msg_types
 const NEWTABLE: u16 = 0;
-const GETTABLE: u16 = 1;
+pub(crate) const GETTABLE: u16 = 1;
 const DELTABLE: u16 = 2;
 const NEWCHAIN: u16 = 3;
-const GETCHAIN: u16 = 4;
+pub(crate) const GETCHAIN: u16 = 4;
 const DELCHAIN: u16 = 5;
 const NEWRULE: u16 = 6;
-const GETRULE: u16 = 7;
+pub(crate) const GETRULE: u16 = 7;
 const DELRULE: u16 = 8;
 const NEWSET: u16 = 9;
-const GETSET: u16 = 10;
+pub(crate) const GETSET: u16 = 10;
 const DELSET: u16 = 11;
 const NEWSETELEM: u16 = 12;
-const GETSETELEM: u16 = 13;
+pub(crate) const GETSETELEM: u16 = 13;
 const DELSETELEM: u16 = 14;
 
 /// A NEWSETELEM's element list is one attribute, whose length is a u16.
@@ -229,14 +230,41 @@ impl Batch {
         self.message(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what, |w| {
             w.put_str(1, table);
             w.put_str(2, chain);
-            w.nest(4, |w| {
-                for e in &rule.exprs {
-                    e.emit(w);
-                }
-            });
-            if let Some(u) = &rule.userdata {
-                w.put(7, u);
-            }
+            write_rule_body(w, rule);
+        });
+    }
+
+    /// Replaces the rule with this handle, in place (NLM_F_REPLACE).
+    pub fn replace_rule(
+        &mut self,
+        family: Family,
+        table: &str,
+        chain: &str,
+        handle: u64,
+        rule: &KernelRule,
+    ) {
+        let what = format!(
+            "replace rule {handle} in {} {table} chain {chain}",
+            family.keyword()
+        );
+        self.message(NEWRULE, NLM_F_REPLACE, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, chain);
+            w.put_u64(3, handle);
+            write_rule_body(w, rule);
+        });
+    }
+
+    /// Inserts the rule at the head of the chain (no NLM_F_APPEND, no position).
+    pub fn insert_rule(&mut self, family: Family, table: &str, chain: &str, rule: &KernelRule) {
+        let what = format!(
+            "insert rule into {} {table} chain {chain}",
+            family.keyword()
+        );
+        self.message(NEWRULE, NLM_F_CREATE, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, chain);
+            write_rule_body(w, rule);
         });
     }
 
@@ -388,6 +416,17 @@ impl Batch {
     }
 }
 
+fn write_rule_body(w: &mut AttrWriter, rule: &KernelRule) {
+    w.nest(4, |w| {
+        for e in &rule.exprs {
+            e.emit(w);
+        }
+    });
+    if let Some(u) = &rule.userdata {
+        w.put(7, u);
+    }
+}
+
 impl AttrWriter {
     /// Appends bytes that are already a sequence of attributes.
     pub fn put_raw(&mut self, attrs: &[u8]) {
@@ -532,6 +571,23 @@ impl NftSocket {
         family: Family,
         body: impl FnOnce(&mut AttrWriter),
     ) -> Result<Vec<Vec<u8>>, NftError> {
+        let mut out = Vec::new();
+        self.dump_each(kind, family, body, |p| {
+            out.push(p.to_vec());
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// A dump request whose answers are handed to `each` as they arrive, so a
+    /// large table is never held whole in memory.
+    pub(crate) fn dump_each(
+        &mut self,
+        kind: u16,
+        family: Family,
+        body: impl FnOnce(&mut AttrWriter),
+        mut each: impl FnMut(&[u8]) -> Result<(), NftError>,
+    ) -> Result<(), NftError> {
         let mut buf = Vec::new();
         let at = put_header(
             &mut buf,
@@ -546,16 +602,15 @@ impl NftSocket {
         let mut buf = w.into_bytes();
         finish_msg(&mut buf, at);
         self.sock.send(&buf, 0)?;
-        let mut out = Vec::new();
         loop {
             let (data, _) = self.sock.recv_from_full()?;
             for msg in split_messages(&data)? {
                 match msg.kind {
-                    NLMSG_DONE => return Ok(out),
+                    NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => {
                         let (errno, detail) = parse_error(&msg);
                         if errno == 0 {
-                            return Ok(out);
+                            return Ok(());
                         }
                         return Err(NftError::Refused {
                             what: format!("dump {} objects", family.keyword()),
@@ -563,7 +618,7 @@ impl NftSocket {
                             detail,
                         });
                     }
-                    _ if msg.payload.len() >= 4 => out.push(msg.payload[4..].to_vec()),
+                    _ if msg.payload.len() >= 4 => each(&msg.payload[4..])?,
                     _ => {}
                 }
             }
@@ -633,7 +688,7 @@ impl NftSocket {
     }
 }
 
-fn parse_chain(buf: &[u8], table: &str) -> Result<Option<KernelChain>, NftError> {
+pub(crate) fn parse_chain(buf: &[u8], table: &str) -> Result<Option<KernelChain>, NftError> {
     let (mut tname, mut name, mut kind, mut hook, mut prio, mut userdata) =
         (None, None, None, None, None, None);
     for a in Attrs::new(buf) {
@@ -687,7 +742,10 @@ fn parse_chain(buf: &[u8], table: &str) -> Result<Option<KernelChain>, NftError>
     }))
 }
 
-fn parse_rule(buf: &[u8], table: &str) -> Result<Option<(String, KernelRule)>, NftError> {
+pub(crate) fn parse_rule(
+    buf: &[u8],
+    table: &str,
+) -> Result<Option<(String, KernelRule)>, NftError> {
     let (mut tname, mut chain, mut handle, mut exprs, mut userdata) =
         (None, None, None, Vec::new(), None);
     for a in Attrs::new(buf) {
@@ -717,7 +775,7 @@ fn parse_rule(buf: &[u8], table: &str) -> Result<Option<(String, KernelRule)>, N
     }))
 }
 
-fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, NftError> {
+pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, NftError> {
     let mut set = KernelSet {
         name: String::new(),
         flags: 0,
@@ -750,7 +808,7 @@ fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, NftError> {
     Ok(Some(set))
 }
 
-fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError> {
+pub(crate) fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError> {
     let mut out = Vec::new();
     for a in Attrs::new(buf) {
         let (k, p) = a?;

@@ -1,0 +1,160 @@
+//! The `kube-nft run` daemon against a real kernel: drift repaired from nf_tables
+//! notifications, restarts that write nothing and keep connections, and bursts of
+//! changes coalesced into one transaction.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+const PODS: [(&str, &[&str]); 3] = [
+    ("pod-a", &["10.244.0.11"]),
+    ("pod-b", &["10.244.0.12"]),
+    ("pod-c", &["10.244.0.13"]),
+];
+
+fn web(endpoints: &[&str]) -> String {
+    service("web", &["10.96.0.10"], &[tcp(80, 9376)])
+        + &slice("web", "a", &[tcp(80, 9376)], endpoints)
+}
+
+fn nft_in(ns: &str, cmd: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", cmd])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn drift_is_repaired_from_nftables_notifications() {
+    let c = Cluster::new("drift", &PODS, &[9376]);
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    );
+    // A resync period of an hour: only the notifications can trigger these repairs.
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &["--sync-period", "1h", "--min-sync-period", "100ms"],
+    );
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    let chain = nft_list(c.node())
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("chain svc-")
+                .map(|rest| format!("svc-{}", rest.trim_end_matches(" {")))
+        })
+        .unwrap();
+    for (what, cmd, restored) in [
+        (
+            "an element deleted",
+            "delete element ip kube-nft service-ips { 10.96.0.10 . tcp . 80 }".to_string(),
+            "10.96.0.10 . tcp . 80",
+        ),
+        (
+            "a Service chain flushed",
+            format!("flush chain ip kube-nft {chain}"),
+            "dnat to 10.244.0.13:9376",
+        ),
+        (
+            "the table deleted",
+            "delete table ip kube-nft".to_string(),
+            "dnat to 10.244.0.13:9376",
+        ),
+    ] {
+        nft_in(c.node(), &cmd);
+        let repaired = wait_until(Duration::from_secs(5), what, || {
+            nft_list(c.node()).contains(restored)
+        });
+        // A client whose first SYN met the broken ruleset retries after 1 s (TCP's initial RTO).
+        let flowing = wait_until(Duration::from_secs(5), what, || {
+            answers(c.client(), "10.96.0.10:80")
+        });
+        println!("{what}: repaired after {repaired:?}, traffic flowing {flowing:?} later");
+        assert!(
+            repaired < Duration::from_secs(1),
+            "{what}: repair took {repaired:?}"
+        );
+    }
+    let t = tally(c.client(), "10.96.0.10:80", 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+    assert!(
+        d.log_text().contains("changed outside kube-nft"),
+        "{}",
+        d.log_text()
+    );
+}
+
+#[test]
+fn a_long_lived_connection_survives_a_restart_that_writes_nothing() {
+    let c = Cluster::new("restart", &PODS, &[9376]);
+    c.apply(&web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]));
+    let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
+    // Open a connection through the VIP and leave it idle across the restart.
+    let mut conn = kube_nft::netns::in_netns(c.client(), move || {
+        TcpStream::connect_timeout(&vip, Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    let again = c.apply(&web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]));
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        log.contains("kind=Full") && log.contains("messages=0 bytes=0"),
+        "the restart wrote something:\n{log}"
+    );
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(conn, "GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    conn.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 200") && resp.contains("pod-"),
+        "{resp}"
+    );
+}
+
+#[test]
+fn a_burst_of_changes_goes_out_as_one_transaction() {
+    let c = Cluster::new("burst", &PODS, &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &["--min-sync-period", "3s"],
+    );
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        d.syncs("Full") == 1
+    });
+    // Within the min sync period of the first sync: five edits.
+    let sets: [&[&str]; 5] = [
+        &["10.244.0.12"],
+        &["10.244.0.11", "10.244.0.12"],
+        &["10.244.0.13"],
+        &["10.244.0.12", "10.244.0.13"],
+        &["10.244.0.11", "10.244.0.12", "10.244.0.13"],
+    ];
+    for eps in sets {
+        std::fs::write(&manifests, web(eps)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    wait_until(Duration::from_secs(10), "the burst to be applied", || {
+        d.syncs("Partial") >= 1
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(d.syncs("Partial"), 1, "{}", d.log_text());
+    let t = tally(c.client(), "10.96.0.10:80", 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+}

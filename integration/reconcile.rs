@@ -1,0 +1,327 @@
+//! Incremental reconciliation against a real kernel: partial syncs send only what
+//! changed and leave the kernel equal to the desired ruleset; a restart over a
+//! correct ruleset writes nothing; a refused transaction changes nothing and the
+//! next sync repairs.
+
+mod common;
+
+use common::*;
+use kube_nft::model::{
+    Conditions, Endpoint, EndpointPort, EndpointSlice, Service, ServiceKey, ServicePort, TargetPort,
+};
+use kube_nft::netns::{in_netns, Netns};
+use kube_nft::proxy::{Proxier, SyncKind};
+use kube_nft::ruleset::{Family, Protocol};
+use kube_nft::translate::NodeConfig;
+use std::net::IpAddr;
+
+fn config() -> NodeConfig {
+    NodeConfig {
+        cluster_cidrs: vec![
+            "10.128.0.0/9".parse().unwrap(),
+            "fd00:10:244::/56".parse().unwrap(),
+        ],
+        service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+        masquerade_bit: 14,
+    }
+}
+
+fn key(i: usize) -> ServiceKey {
+    ServiceKey {
+        namespace: "bench".into(),
+        name: format!("s{i}"),
+    }
+}
+
+fn endpoint(addr: IpAddr) -> Endpoint {
+    Endpoint {
+        addr,
+        conditions: Conditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        },
+        node_name: None,
+        zone: None,
+    }
+}
+
+fn ep_addr(i: usize, j: usize) -> IpAddr {
+    IpAddr::from((0x0a80_0000u32 + (i * 16 + j) as u32).to_be_bytes())
+}
+
+/// Adds Service `i`: ClusterIP 10.96.x.y, TCP 80 → 8080, `n` ready endpoints.
+fn add_service(p: &mut Proxier, i: usize, n: usize) {
+    let k = key(i);
+    p.update(&k, |state| {
+        state.services.insert(
+            k.clone(),
+            Service {
+                key: k.clone(),
+                cluster_ips: vec![IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())],
+                ports: vec![ServicePort {
+                    name: "http".into(),
+                    protocol: Protocol::Tcp,
+                    port: 80,
+                    target_port: TargetPort::Number(8080),
+                }],
+            },
+        );
+        set_endpoints(state, i, &(0..n).map(|j| ep_addr(i, j)).collect::<Vec<_>>());
+    });
+}
+
+fn set_endpoints(state: &mut kube_nft::model::ClusterState, i: usize, addrs: &[IpAddr]) {
+    let k = key(i);
+    state.slices.entry(k.clone()).or_default().insert(
+        format!("s{i}-a"),
+        EndpointSlice {
+            name: format!("s{i}-a"),
+            service: k,
+            family: Family::Ip,
+            ports: vec![EndpointPort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 8080,
+            }],
+            endpoints: addrs.iter().map(|a| endpoint(*a)).collect(),
+        },
+    );
+}
+
+/// Runs `f` with a Proxier inside a fresh namespace.
+fn with_proxier<T: Send + 'static>(
+    tag: &str,
+    f: impl FnOnce(&mut Proxier) -> T + Send + 'static,
+) -> T {
+    require_root();
+    let ns = Netns::create(&unique(tag)).unwrap();
+    in_netns(&ns.name, move || {
+        let mut p = Proxier::new(config()).unwrap();
+        f(&mut p)
+    })
+    .unwrap()
+}
+
+/// A named change to the model.
+type Step = (&'static str, Box<dyn Fn(&mut Proxier)>);
+
+#[test]
+fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset() {
+    with_proxier("partial", |p| {
+        for i in 0..20 {
+            add_service(p, i, 1 + i % 5);
+        }
+        assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
+        assert!(p.verify().unwrap());
+        let steps: Vec<Step> = vec![
+            (
+                "add an endpoint",
+                Box::new(|p| {
+                    p.update(&key(3), |s| {
+                        set_endpoints(
+                            s,
+                            3,
+                            &[
+                                ep_addr(3, 0),
+                                ep_addr(3, 1),
+                                ep_addr(3, 2),
+                                ep_addr(3, 3),
+                                ep_addr(3, 9),
+                            ],
+                        )
+                    })
+                }),
+            ),
+            (
+                "remove a middle endpoint",
+                Box::new(|p| {
+                    p.update(&key(4), |s| {
+                        set_endpoints(
+                            s,
+                            4,
+                            &[ep_addr(4, 0), ep_addr(4, 2), ep_addr(4, 3), ep_addr(4, 4)],
+                        )
+                    })
+                }),
+            ),
+            (
+                "replace an endpoint",
+                Box::new(|p| {
+                    p.update(&key(2), |s| {
+                        set_endpoints(s, 2, &[ep_addr(2, 0), ep_addr(2, 7), ep_addr(2, 2)])
+                    })
+                }),
+            ),
+            (
+                "remove every endpoint",
+                Box::new(|p| p.update(&key(1), |s| set_endpoints(s, 1, &[]))),
+            ),
+            (
+                "endpoints come back",
+                Box::new(|p| p.update(&key(1), |s| set_endpoints(s, 1, &[ep_addr(1, 5)]))),
+            ),
+            (
+                "delete a Service",
+                Box::new(|p| {
+                    p.update(&key(0), |s| {
+                        s.services.remove(&key(0));
+                        s.slices.remove(&key(0));
+                    })
+                }),
+            ),
+            ("add a Service", Box::new(|p| add_service(p, 40, 3))),
+            (
+                "two Services share an endpoint address",
+                Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(6, 0)]))),
+            ),
+            (
+                "and one lets it go",
+                Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(5, 0)]))),
+            ),
+        ];
+        for (what, step) in steps {
+            step(p);
+            let r = p.sync().unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(r.kind, SyncKind::Partial, "{what}");
+            assert!(r.committed.messages > 0, "{what}: nothing was sent");
+            assert!(
+                p.verify().unwrap(),
+                "{what}: the kernel differs from the desired ruleset"
+            );
+        }
+        // Nothing changed: nothing is sent.
+        assert_eq!(p.sync().unwrap().committed.messages, 0);
+    });
+}
+
+#[test]
+fn restart_over_a_correct_ruleset_writes_nothing() {
+    with_proxier("restart", |p| {
+        for i in 0..50 {
+            add_service(p, i, 4);
+        }
+        p.sync().unwrap();
+        // Move endpoints around so the kernel's slots differ from a fresh computation.
+        p.update(&key(7), |s| {
+            set_endpoints(s, 7, &[ep_addr(7, 3), ep_addr(7, 1), ep_addr(7, 9)])
+        });
+        p.sync().unwrap();
+        let state = p.state().clone();
+        // A new process: same model, nothing applied yet.
+        let mut again = Proxier::new(config()).unwrap();
+        again.replace_state(state);
+        let r = again.sync().unwrap();
+        assert_eq!(r.kind, SyncKind::Full);
+        assert_eq!(
+            r.committed.messages, 0,
+            "a restart rewrote {} bytes",
+            r.committed.bytes
+        );
+        assert!(again.verify().unwrap());
+    });
+}
+
+/// The bytes of a one-endpoint change, with `services` Services programmed.
+fn endpoint_change_bytes(services: usize) -> Vec<usize> {
+    with_proxier(&format!("size{services}"), move |p| {
+        for i in 0..services {
+            add_service(p, i, 10);
+        }
+        p.sync().unwrap();
+        let i = services / 2;
+        let mut sizes = Vec::new();
+        // Replace an endpoint, remove one, add one back.
+        let changes: [Vec<usize>; 3] = [
+            vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 11],
+            vec![0, 1, 2, 3, 5, 6, 7, 8, 11],
+            vec![0, 1, 2, 3, 5, 6, 7, 8, 11, 12],
+        ];
+        for eps in changes {
+            p.update(&key(i), |s| {
+                set_endpoints(
+                    s,
+                    i,
+                    &eps.iter().map(|j| ep_addr(i, *j)).collect::<Vec<_>>(),
+                )
+            });
+            let r = p.sync().unwrap();
+            assert_eq!(r.kind, SyncKind::Partial);
+            sizes.push(r.committed.bytes);
+        }
+        assert!(p.verify().unwrap());
+        sizes
+    })
+}
+
+#[test]
+fn endpoint_change_transaction_size_does_not_grow_with_services() {
+    let small = endpoint_change_bytes(100);
+    let large = endpoint_change_bytes(5_000);
+    for (s, l) in small.iter().zip(&large) {
+        // Names of Service 50 and Service 2500 differ by two characters per mention.
+        assert!(
+            l.abs_diff(*s) <= 64,
+            "100 Services: {small:?} bytes, 5000: {large:?}"
+        );
+        assert!(*l <= 2048, "a one-endpoint change took {l} bytes");
+    }
+}
+
+#[test]
+fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
+    with_proxier("refused", |p| {
+        for i in 0..10 {
+            add_service(p, i, 3);
+        }
+        p.sync().unwrap();
+        // Behind the proxy's back, remove an element it believes is there.
+        let vip = "10.96.0.4";
+        let out = std::process::Command::new("nft")
+            .args([
+                "delete",
+                "element",
+                "ip",
+                "kube-nft",
+                "service-ips",
+                &format!("{{ {vip} . tcp . 80 }}"),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // One change deletes that element (Service 3 goes away), another adds a Service.
+        p.update(&key(3), |s| {
+            s.services.remove(&key(3));
+            s.slices.remove(&key(3));
+        });
+        add_service(p, 77, 2);
+        let before = p
+            .socket()
+            .read_table(Family::Ip, "kube-nft")
+            .unwrap()
+            .unwrap();
+        let err = p.sync().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("delete 1 element(s) of ip kube-nft service-ips"),
+            "{err}"
+        );
+        let after = p
+            .socket()
+            .read_table(Family::Ip, "kube-nft")
+            .unwrap()
+            .unwrap();
+        assert!(
+            kube_nft::proxy::same_table(&before, &after),
+            "the refused transaction changed the kernel"
+        );
+        // The next sync reads the kernel back and repairs everything.
+        let r = p.sync().unwrap();
+        assert_eq!(r.kind, SyncKind::Full);
+        assert!(p.verify().unwrap());
+    });
+}

@@ -1,0 +1,82 @@
+//! nf_tables change notifications: tells when a transaction committed by another
+//! process touched one of our tables, so drift is repaired within a sync period's
+//! fraction rather than at the next periodic resync.
+
+use super::attr::{Attrs, Payload};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+use std::io;
+
+/// The nf_tables multicast group.
+const NFNLGRP_NFTABLES: u32 = 7;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFTA_GEN_PROC_PID: u16 = 2;
+const NLMSG_HDRLEN: usize = 16;
+const ENOBUFS: i32 = 105;
+
+pub struct Monitor {
+    sock: Socket,
+}
+
+/// What the monitor saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Another process committed a transaction that touched our table.
+    Foreign { pid: u32 },
+    /// Notifications were lost (the socket overflowed, e.g. during our own large
+    /// sync): what happened is unknown, so treat it as drift.
+    Lost,
+}
+
+impl Monitor {
+    /// Subscribes in the current network namespace.
+    pub fn open() -> io::Result<Monitor> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind(&SocketAddr::new(0, 0))?;
+        sock.add_membership(NFNLGRP_NFTABLES)?;
+        rustix::net::sockopt::set_socket_recv_buffer_size_force(&sock, 8 << 20)
+            .map_err(io::Error::from)?;
+        Ok(Monitor { sock })
+    }
+
+    /// Blocks until a transaction of a process other than `own_pid` touches a table
+    /// named `table` (in any family).
+    pub fn next_foreign_change(&mut self, table: &str, own_pid: u32) -> io::Result<Change> {
+        let mut touched = false;
+        loop {
+            let (buf, _) = match self.sock.recv_from_full() {
+                Ok(x) => x,
+                Err(e) if e.raw_os_error() == Some(ENOBUFS) => return Ok(Change::Lost),
+                Err(e) => return Err(e),
+            };
+            let mut rest = buf.as_slice();
+            while rest.len() >= NLMSG_HDRLEN {
+                let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
+                if len < NLMSG_HDRLEN || len > rest.len() {
+                    break;
+                }
+                let kind = u16::from_ne_bytes([rest[4], rest[5]]) & 0xff;
+                // Skip the nfgenmsg; every object message names its table in attribute 1.
+                let attrs = rest.get(NLMSG_HDRLEN + 4..len).unwrap_or_default();
+                if kind == NFT_MSG_NEWGEN {
+                    let pid = Attrs::new(attrs)
+                        .flatten()
+                        .find(|(k, _)| *k == NFTA_GEN_PROC_PID)
+                        .and_then(|(k, p)| Payload::new("gen", k, p).u32().ok())
+                        .unwrap_or(0);
+                    if touched && pid != own_pid {
+                        return Ok(Change::Foreign { pid });
+                    }
+                    touched = false;
+                } else if Attrs::new(attrs).flatten().any(|(k, p)| {
+                    k == 1
+                        && Payload::new("object", k, p)
+                            .string()
+                            .is_ok_and(|n| n == table)
+                }) {
+                    touched = true;
+                }
+                rest = &rest[super::attr::align4(len).min(rest.len())..];
+            }
+        }
+    }
+}
