@@ -324,6 +324,10 @@ pub enum Stmt {
     },
     /// ICMP port unreachable (ICMPv6 in `ip6` tables), what `nft` writes for `reject`.
     Reject,
+    /// `reject with tcp reset`: a TCP RST (matches only TCP). Unlike ICMP errors,
+    /// resets are not rate-limited by the kernel, so every refused connection is
+    /// refused at once.
+    RejectTcpReset,
     Counter,
     Verdict(Verdict),
 }

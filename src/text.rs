@@ -63,6 +63,8 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
             fully_random: false,
         } => "masquerade".to_string(),
         Stmt::Reject => "reject".to_string(),
+        // nft implies (and does not list) the `meta l4proto tcp` this needs.
+        Stmt::RejectTcpReset => "reject with tcp reset".to_string(),
         Stmt::Counter => "counter packets 0 bytes 0".to_string(),
         Stmt::Verdict(v) => v.to_string(),
     }

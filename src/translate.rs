@@ -241,14 +241,15 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         map: MAP_SERVICE_IPS.into(),
     }]));
 
-    let mut cluster_ips_check = vec![Rule::new(vec![
-        Stmt::InSet {
-            fields: vec![Field::Daddr],
-            set: SET_CLUSTER_IPS.into(),
-        },
-        Stmt::Reject,
-    ])
-    .with_comment("reject traffic to invalid ports of ClusterIPs")];
+    let to_cluster_ip = || Stmt::InSet {
+        fields: vec![Field::Daddr],
+        set: SET_CLUSTER_IPS.into(),
+    };
+    let mut cluster_ips_check = vec![
+        Rule::new(vec![to_cluster_ip(), Stmt::RejectTcpReset])
+            .with_comment("reject traffic to invalid ports of ClusterIPs"),
+        Rule::new(vec![to_cluster_ip(), Stmt::Reject]),
+    ];
     if let Some(cidr) = NodeConfig::cidr(&config.service_cidrs, family) {
         cluster_ips_check.push(
             Rule::new(vec![
@@ -357,7 +358,15 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 }])],
             ),
             regular(CHAIN_CLUSTER_IPS_CHECK, cluster_ips_check),
-            regular(CHAIN_REJECT, vec![Rule::new(vec![Stmt::Reject])]),
+            // TCP gets a reset: ICMP errors are rate-limited (a burst of 6, then one
+            // a second per peer), which would make refusals wait for SYN retries.
+            regular(
+                CHAIN_REJECT,
+                vec![
+                    Rule::new(vec![Stmt::RejectTcpReset]),
+                    Rule::new(vec![Stmt::Reject]),
+                ],
+            ),
         ],
     }
 }
@@ -779,11 +788,11 @@ mod tests {
         let services = v4.chain(CHAIN_SERVICES).unwrap();
         assert_eq!(services.rules.len(), 2);
         assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
-        assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
+        assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 3);
         // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
         let v6 = skeleton(Family::Ip6, &config);
         assert_eq!(v6.chain(CHAIN_SERVICES).unwrap().rules.len(), 1);
-        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 1);
+        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
     }
 
     #[test]

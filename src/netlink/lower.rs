@@ -255,6 +255,14 @@ pub fn lower_table(table: &Table) -> KernelTable {
 
 pub fn lower_rule(family: Family, rule: &Rule) -> KernelRule {
     let mut exprs = Vec::new();
+    // nft puts the protocol match a TCP reset depends on at the head of the rule.
+    if rule.stmts.contains(&Stmt::RejectTcpReset) {
+        lower_stmt(
+            family,
+            &Stmt::L4Proto(crate::ruleset::Protocol::Tcp),
+            &mut exprs,
+        );
+    }
     for s in &rule.stmts {
         lower_stmt(family, s, &mut exprs);
     }
@@ -465,6 +473,8 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             };
             out.push(Expr::Reject { kind: 0, code });
         }
+        // Its `meta l4proto tcp` dependency is placed by `lower_rule`.
+        Stmt::RejectTcpReset => out.push(Expr::Reject { kind: 1, code: 0 }),
         Stmt::Counter => out.push(Expr::Counter {
             packets: 0,
             bytes: 0,
