@@ -6,6 +6,7 @@ missing=()
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
 command -v conntrack >/dev/null || missing+=(conntrack)
+command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft bench's comparison
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   apt-get update -qq

@@ -6,6 +6,7 @@
 //! `ruleset`) → a backend: `netlink` (the kernel) or `text` (`nft -f` syntax).
 //! `proxy` runs one sync through it; `lab` demonstrates it in network namespaces.
 
+pub mod bench;
 pub mod daemon;
 pub mod lab;
 pub mod model;

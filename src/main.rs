@@ -65,6 +65,44 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
     },
+    /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
+    Bench {
+        /// Cluster sizes: SERVICES or SERVICESxENDPOINTS (total), comma-separated;
+        /// plain SERVICES means 10 endpoints each.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "1000,10000,30000,30000x250000"
+        )]
+        sizes: Vec<String>,
+        /// Runs per measurement; medians are reported.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Largest cluster loaded with kube-proxy 1.36's rule shape (quadratic: ~12 s at 10k).
+        #[arg(long, default_value_t = 10_000)]
+        kube_proxy_shape_max: usize,
+        /// Services programmed in the data-plane runs (empty: skip them).
+        #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,30000")]
+        dataplane_sizes: Vec<usize>,
+        /// Seconds of connections per data-plane run.
+        #[arg(long, default_value_t = 2.0)]
+        dataplane_seconds: f64,
+        /// Write an SVG plot of full-sync time against cluster size here.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, default_value = "kn-bench")]
+        prefix: String,
+    },
+    /// One full sync of a synthetic cluster in a fresh process (used by `bench`).
+    #[command(hide = true)]
+    BenchChild {
+        #[arg(long)]
+        netns: String,
+        #[arg(long)]
+        services: usize,
+        #[arg(long)]
+        endpoints: usize,
+    },
     /// A pod's workload: answer with NAME on TCP (HTTP) and UDP ports (used by the lab).
     #[command(hide = true)]
     Serve {
@@ -179,6 +217,29 @@ fn main() -> ExitCode {
             },
         })
         .map_err(|e| e.to_string()),
+        Command::Bench {
+            sizes,
+            runs,
+            kube_proxy_shape_max,
+            dataplane_sizes,
+            dataplane_seconds,
+            plot,
+            prefix,
+        } => bench(
+            sizes,
+            runs,
+            kube_proxy_shape_max,
+            dataplane_sizes,
+            dataplane_seconds,
+            plot,
+            prefix,
+        )
+        .map(|_| true),
+        Command::BenchChild {
+            netns,
+            services,
+            endpoints,
+        } => kube_nft::bench::child_sync(&netns, services, endpoints).map(|_| true),
         Command::Serve { netns, name, ports } => {
             serve(netns.as_deref(), &name, &ports).map(|_| true)
         }
@@ -201,5 +262,93 @@ fn serve(netns: Option<&str>, name: &str, ports: &[u16]) -> Result<(), String> {
         lab::hostname_server::HostnameServer::bind(name, ports).map_err(|e| e.to_string())?;
     println!("ready");
     server.wait();
+    Ok(())
+}
+
+fn parse_size(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?} is not SERVICES or SERVICESxENDPOINTS");
+    match s.split_once('x') {
+        Some((a, b)) => Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?)),
+        None => {
+            let n: usize = s.parse().map_err(|_| bad())?;
+            Ok((n, n * 10))
+        }
+    }
+}
+
+fn bench(
+    sizes: Vec<String>,
+    runs: usize,
+    kube_proxy_shape_max: usize,
+    dataplane_sizes: Vec<usize>,
+    dataplane_seconds: f64,
+    plot: Option<PathBuf>,
+    prefix: String,
+) -> Result<(), String> {
+    use kube_nft::bench::{self, plot as chart};
+    if !rustix::process::geteuid().is_root() {
+        return Err("kube-nft bench creates network namespaces and needs root".into());
+    }
+    let sizes: Vec<(usize, usize)> = sizes
+        .iter()
+        .map(|s| parse_size(s))
+        .collect::<Result<_, _>>()?;
+    let opts = bench::BenchOptions {
+        sizes: sizes.clone(),
+        runs,
+        kube_proxy_shape_max,
+        prefix: prefix.clone(),
+    };
+    let mut results = Vec::new();
+    for (services, endpoints) in &sizes {
+        eprintln!("control plane: {services} Services, {endpoints} endpoints…");
+        results.push(bench::control_plane(&opts, *services, *endpoints)?);
+    }
+    println!("## Control plane (median of {runs} runs)\n");
+    print!("{}", bench::control_table(&results));
+    println!("\n{}", bench::linearity(&results));
+    if let Some(path) = plot {
+        let per_ten = |f: &dyn Fn(&bench::ControlResult) -> Option<f64>| -> Vec<(f64, f64)> {
+            results
+                .iter()
+                .filter(|r| r.endpoints == r.services * 10)
+                .filter_map(|r| f(r).map(|ms| (r.services as f64 / 1000.0, ms / 1000.0)))
+                .collect()
+        };
+        let svg = chart::line_chart(
+            "Full sync of N Services × 10 endpoints into an empty namespace",
+            "Services (thousands)",
+            "seconds",
+            &[
+                chart::Series {
+                    name: "kube-nft (netlink)".into(),
+                    color: "#1f77b4",
+                    points: per_ten(&|r| Some(r.cold_ms)),
+                },
+                chart::Series {
+                    name: "nft -f, same rules".into(),
+                    color: "#ff7f0e",
+                    points: per_ten(&|r| Some(r.nft_f_ms)),
+                },
+                chart::Series {
+                    name: "kube-proxy 1.36 shape".into(),
+                    color: "#d62728",
+                    points: per_ten(&|r| r.kube_proxy_shape_ms),
+                },
+            ],
+        );
+        std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if !dataplane_sizes.is_empty() {
+        eprintln!("data plane: {dataplane_sizes:?} Services…");
+        let data = bench::dataplane::data_plane(
+            &dataplane_sizes,
+            dataplane_seconds,
+            runs.min(3),
+            &format!("{prefix}-dp"),
+        )?;
+        println!("\n## Data plane: new TCP connections through one ClusterIP ({dataplane_seconds} s per run, median of {} runs)\n", runs.min(3));
+        print!("{}", bench::dataplane::data_table(&data));
+    }
     Ok(())
 }

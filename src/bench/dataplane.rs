@@ -1,0 +1,330 @@
+//! Data plane: new TCP connections per second, and the connect latency (the first
+//! packet's trip through NAT), through one ClusterIP while 1, 1k, 10k… Services are
+//! programmed, with kube-nft's ruleset and with kube-proxy's iptables-mode shape
+//! (KUBE-SERVICES → KUBE-SVC-* with `statistic` → KUBE-SEP-* DNAT) loaded by
+//! `iptables-legacy-restore`, in the same topology and the same run.
+
+use super::{bench_config, bench_slice, median, service_key, synthetic_state, vip};
+use crate::lab::topology::Topology;
+use crate::model::ClusterState;
+use crate::netns::{in_netns, sysctl_in};
+use crate::proxy::Proxier;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BACKEND_PORT: u16 = 8080;
+
+#[derive(Debug, Clone)]
+pub struct DataResult {
+    pub services: usize,
+    pub ruleset: &'static str,
+    pub load_ms: f64,
+    pub conns_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub failed: usize,
+}
+
+/// The backend: accepts and drops connections, as cheaply as possible.
+struct Backend {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    netns: String,
+}
+
+impl Backend {
+    fn start(netns: &str) -> Result<Backend, String> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ns = netns.to_string();
+        let thread = std::thread::spawn(move || {
+            let listener =
+                crate::netns::enter(&ns).and_then(|_| TcpListener::bind(("0.0.0.0", BACKEND_PORT)));
+            let listener = match listener {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            while !s.load(Ordering::Relaxed) {
+                let _ = listener.accept();
+            }
+        });
+        rx.recv().map_err(|e| e.to_string())??;
+        Ok(Backend {
+            stop,
+            thread: Some(thread),
+            netns: netns.to_string(),
+        })
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the blocked accept from inside the pod's namespace, on its loopback.
+        let _ = in_netns(&self.netns, || {
+            TcpStream::connect_timeout(
+                &SocketAddr::from(([127, 0, 0, 1], BACKEND_PORT)),
+                Duration::from_secs(1),
+            )
+        });
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Opens and resets connections to `target` for `seconds`; returns the connect
+/// latencies in µs and the number of failures.
+fn hammer(target: SocketAddr, seconds: f64) -> (Vec<f64>, usize) {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let (mut lat, mut failed) = (Vec::new(), 0);
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+            Ok(s) => {
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                // Reset instead of closing: no TIME_WAIT, so ports never run out.
+                let _ = rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO));
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    (lat, failed)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// kube-proxy's iptables-mode nat table for the same Services, for iptables-restore.
+pub fn iptables_shape(state: &ClusterState, cluster_cidr: &str) -> String {
+    let mut chains = String::new();
+    let mut rules = String::new();
+    for (i, (key, svc)) in state.services.iter().enumerate() {
+        let eps = state.endpoints_for(svc, &svc.ports[0]);
+        let vip = svc.cluster_ips[0];
+        let svc_chain = format!("KUBE-SVC-{i:011X}");
+        writeln!(chains, ":{svc_chain} - [0:0]").unwrap();
+        writeln!(
+            rules,
+            "-A KUBE-SERVICES -d {vip}/32 -p tcp -m comment --comment \"{}/{}:http cluster IP\" -m tcp --dport 80 -j {svc_chain}",
+            key.namespace, key.name
+        )
+        .unwrap();
+        writeln!(rules, "-A {svc_chain} ! -s {cluster_cidr} -d {vip}/32 -p tcp -m tcp --dport 80 -j KUBE-MARK-MASQ").unwrap();
+        let n = eps.len();
+        for (k, e) in eps.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{i:07X}{k:04X}");
+            writeln!(chains, ":{sep} - [0:0]").unwrap();
+            if k + 1 < n {
+                writeln!(
+                    rules,
+                    "-A {svc_chain} -m statistic --mode random --probability {:.11} -j {sep}",
+                    1.0 / (n - k) as f64
+                )
+                .unwrap();
+            } else {
+                writeln!(rules, "-A {svc_chain} -j {sep}").unwrap();
+            }
+            writeln!(rules, "-A {sep} -s {}/32 -j KUBE-MARK-MASQ", e.addr).unwrap();
+            writeln!(
+                rules,
+                "-A {sep} -p tcp -m tcp -j DNAT --to-destination {}:{}",
+                e.addr, e.port
+            )
+            .unwrap();
+        }
+    }
+    format!(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n{chains}\
+-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n\
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
+-A KUBE-POSTROUTING -j MASQUERADE --random-fully\n{rules}COMMIT\n"
+    )
+}
+
+fn run_in(ns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, program])
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// The Services of a data-plane run: `services` of them, the one in the middle
+/// (what the client talks to) backed by the pod's ten addresses.
+fn cluster(services: usize, backend: &[IpAddr]) -> (ClusterState, SocketAddr) {
+    let mut state = synthetic_state(services, services * 10);
+    let m = services / 2;
+    state.slices.insert(
+        service_key(m),
+        [(format!("svc-{m:05}-a"), bench_slice(m, backend))]
+            .into_iter()
+            .collect(),
+    );
+    (state, SocketAddr::new(vip(m), 80))
+}
+
+pub fn data_plane(
+    sizes: &[usize],
+    seconds: f64,
+    runs: usize,
+    prefix: &str,
+) -> Result<Vec<DataResult>, String> {
+    let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
+    let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
+    let pod_ns = topo
+        .add_pod("backend", &backend)
+        .map_err(|e| e.to_string())?
+        .ns
+        .name
+        .clone();
+    let _server = Backend::start(&pod_ns)?;
+    sysctl_in(
+        &topo.node.name,
+        "net.netfilter.nf_conntrack_tcp_timeout_close",
+        "1",
+    )
+    .ok();
+    let node = topo.node.name.clone();
+    let client = topo.client.name.clone();
+    let mut results = Vec::new();
+    for &n in sizes {
+        let (state, target) = cluster(n, &backend);
+        for ruleset in ["kube-nft", "iptables (kube-proxy shape)"] {
+            let start = Instant::now();
+            if ruleset == "kube-nft" {
+                let s = state.clone();
+                in_netns(&node, move || -> Result<(), String> {
+                    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+                    p.replace_state(s);
+                    p.sync().map(|_| ()).map_err(|e| e.to_string())
+                })
+                .map_err(|e| e.to_string())??;
+            } else {
+                run_in(
+                    &node,
+                    "iptables-legacy-restore",
+                    &[],
+                    Some(&iptables_shape(&state, "10.128.0.0/9")),
+                )?;
+            }
+            let load_ms = start.elapsed().as_secs_f64() * 1000.0;
+            let mut rates = Vec::new();
+            let mut all = Vec::new();
+            let mut failed = 0;
+            for _ in 0..runs {
+                run_in(&node, "conntrack", &["-F"], None).ok();
+                let (lat, f) = in_netns(&client, move || hammer(target, seconds))
+                    .map_err(|e| e.to_string())?;
+                rates.push(lat.len() as f64 / seconds);
+                all.extend(lat);
+                failed += f;
+            }
+            all.sort_by(|a, b| a.total_cmp(b));
+            results.push(DataResult {
+                services: n,
+                ruleset,
+                load_ms,
+                conns_per_sec: median(rates),
+                p50_us: percentile(&all, 0.5),
+                p99_us: percentile(&all, 0.99),
+                failed,
+            });
+            if ruleset == "kube-nft" {
+                in_netns(&node, || {
+                    let mut s = crate::netlink::NftSocket::open()?;
+                    crate::proxy::cleanup(&mut s).map_err(std::io::Error::other)
+                })
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            } else {
+                run_in(&node, "iptables-legacy", &["-t", "nat", "-F"], None)?;
+                run_in(&node, "iptables-legacy", &["-t", "nat", "-X"], None)?;
+            }
+        }
+    }
+    Ok(results)
+}
+
+pub fn data_table(results: &[DataResult]) -> String {
+    let mut out = String::from("| Services programmed | ruleset | load time | new connections/s | connect p50 | connect p99 | failed |\n|---|---|---|---|---|---|---|\n");
+    for r in results {
+        writeln!(
+            out,
+            "| {} | {} | {:.0} ms | {:.0} | {:.0} µs | {:.0} µs | {} |",
+            r.services, r.ruleset, r.load_ms, r.conns_per_sec, r.p50_us, r.p99_us, r.failed
+        )
+        .unwrap();
+    }
+    let rate = |n: usize, rs: &str| {
+        results
+            .iter()
+            .find(|r| r.services == n && r.ruleset.starts_with(rs))
+            .map(|r| r.conns_per_sec)
+    };
+    let sizes: Vec<usize> = {
+        let mut v: Vec<usize> = results.iter().map(|r| r.services).collect();
+        v.dedup();
+        v
+    };
+    if let (Some(&small), Some(&large)) = (sizes.first(), sizes.last()) {
+        if let (Some(a), Some(b), Some(ipt)) = (
+            rate(small, "kube-nft"),
+            rate(large, "kube-nft"),
+            rate(large, "iptables"),
+        ) {
+            writeln!(
+                out,
+                "\nkube-nft at {large} Services: {:.2}× its rate at {small}; {:.2}× the iptables shape at {large}.",
+                b / a,
+                b / ipt
+            )
+            .unwrap();
+        }
+    }
+    out
+}

@@ -1,0 +1,455 @@
+//! `kube-nft bench`: what a sync costs, and what a packet costs, measured against
+//! the kernel in scratch network namespaces (never the host's).
+//!
+//! Control plane, per cluster size: a cold full sync (in a fresh process, for its
+//! peak RSS), the same ruleset through `nft -f`, kube-proxy 1.36's rule shape
+//! through `nft -f`, a restart over the ruleset in place, and one endpoint changed,
+//! one Service added and one deleted. Data plane: see `dataplane`.
+//! Every figure is the median of several runs.
+
+pub mod dataplane;
+pub mod plot;
+
+use crate::model::{
+    ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, Service, ServiceKey,
+    ServicePort, TargetPort,
+};
+use crate::netns::{in_netns, Netns};
+use crate::proxy::Proxier;
+use crate::ruleset::{Family, Protocol};
+use crate::translate::{translate, NodeConfig};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+pub fn bench_config() -> NodeConfig {
+    NodeConfig {
+        cluster_cidrs: vec!["10.128.0.0/9".parse().unwrap()],
+        service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+        masquerade_bit: 14,
+    }
+}
+
+pub fn service_key(i: usize) -> ServiceKey {
+    ServiceKey {
+        namespace: "bench".into(),
+        name: format!("svc-{i:05}"),
+    }
+}
+
+pub fn vip(i: usize) -> IpAddr {
+    IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())
+}
+
+fn endpoint_addr(n: usize) -> IpAddr {
+    IpAddr::from((0x0a80_0000u32 + n as u32).to_be_bytes())
+}
+
+pub fn ready(addr: IpAddr) -> Endpoint {
+    Endpoint {
+        addr,
+        conditions: Conditions {
+            ready: true,
+            serving: true,
+            terminating: false,
+        },
+        node_name: None,
+        zone: None,
+    }
+}
+
+pub fn bench_service(i: usize) -> Service {
+    Service {
+        key: service_key(i),
+        cluster_ips: vec![vip(i)],
+        ports: vec![ServicePort {
+            name: "http".into(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            target_port: TargetPort::Number(8080),
+        }],
+    }
+}
+
+pub fn bench_slice(i: usize, addrs: &[IpAddr]) -> EndpointSlice {
+    EndpointSlice {
+        name: format!("svc-{i:05}-a"),
+        service: service_key(i),
+        family: Family::Ip,
+        ports: vec![EndpointPort {
+            name: "http".into(),
+            protocol: Protocol::Tcp,
+            port: 8080,
+        }],
+        endpoints: addrs.iter().map(|a| ready(*a)).collect(),
+    }
+}
+
+/// `services` Services (TCP 80 → 8080) sharing `endpoints` endpoints as evenly as
+/// possible, every endpoint address distinct.
+pub fn synthetic_state(services: usize, endpoints: usize) -> ClusterState {
+    let mut state = ClusterState::default();
+    let mut next = 0;
+    for i in 0..services {
+        let n = endpoints / services + usize::from(i < endpoints % services);
+        let addrs: Vec<IpAddr> = (next..next + n).map(endpoint_addr).collect();
+        next += n;
+        state.services.insert(service_key(i), bench_service(i));
+        state
+            .slices
+            .entry(service_key(i))
+            .or_default()
+            .insert(format!("svc-{i:05}-a"), bench_slice(i, &addrs));
+    }
+    state
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn median_usize(v: Vec<usize>) -> usize {
+    median(v.into_iter().map(|x| x as f64).collect()) as usize
+}
+
+/// Peak resident set of this process, KiB.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The hidden `bench-child` command: one full sync in a fresh process, printed as
+/// `sync_ms messages bytes peak_rss_kib`.
+pub fn child_sync(netns: &str, services: usize, endpoints: usize) -> Result<(), String> {
+    crate::netns::enter(netns).map_err(|e| e.to_string())?;
+    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+    p.replace_state(synthetic_state(services, endpoints));
+    let r = p.sync().map_err(|e| e.to_string())?;
+    println!(
+        "{:.3} {} {} {}",
+        r.duration.as_secs_f64() * 1000.0,
+        r.committed.messages,
+        r.committed.bytes,
+        peak_rss_kib()
+    );
+    Ok(())
+}
+
+struct ChildSync {
+    ms: f64,
+    bytes: usize,
+    rss_kib: u64,
+}
+
+fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .args([
+            "bench-child",
+            "--netns",
+            netns,
+            "--services",
+            &services.to_string(),
+            "--endpoints",
+            &endpoints.to_string(),
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "bench-child failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let bad = || format!("bench-child printed {text:?}");
+    Ok(ChildSync {
+        ms: f.first().and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        bytes: f.get(2).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        rss_kib: f.get(3).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+    })
+}
+
+/// Loads a file with `nft -f` inside a fresh namespace; returns the wall time in ms.
+fn time_nft_file(tag: &str, path: &std::path::Path) -> Result<f64, String> {
+    let ns = Netns::create(tag).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name, "nft", "-f"])
+        .arg(path)
+        .output()
+        .map_err(|e| format!("running nft: {e}"))?;
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    if !out.status.success() {
+        return Err(format!(
+            "nft -f failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(ms)
+}
+
+/// kube-proxy 1.36's nftables shape for the same Services: one anonymous
+/// `numgen … map` per Service chain (the shape the kernel binds quadratically).
+pub fn kube_proxy_shape(state: &ClusterState) -> String {
+    let mut out = String::from("table ip kube-proxy {\n\tmap service-ips {\n\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n\t}\n\tchain services {\n\t\tip daddr . meta l4proto . th dport vmap @service-ips\n\t}\n");
+    let mut elements = Vec::new();
+    for (i, (key, svc)) in state.services.iter().enumerate() {
+        let eps = state.endpoints_for(svc, &svc.ports[0]);
+        if eps.is_empty() {
+            continue;
+        }
+        let chain = format!("service-{i}-{}/{}/tcp/http", key.namespace, key.name);
+        let map: Vec<String> = eps
+            .iter()
+            .enumerate()
+            .map(|(k, e)| format!("{k} : {} . {}", e.addr, e.port))
+            .collect();
+        writeln!(
+            out,
+            "\tchain {chain} {{\n\t\tmeta l4proto tcp dnat ip to numgen random mod {} map {{ {} }}\n\t}}",
+            eps.len(),
+            map.join(", ")
+        )
+        .unwrap();
+        elements.push(format!("{} . tcp . 80 : goto {chain}", svc.cluster_ips[0]));
+    }
+    out.push_str("}\n");
+    for chunk in elements.chunks(1000) {
+        writeln!(
+            out,
+            "add element ip kube-proxy service-ips {{ {} }}",
+            chunk.join(", ")
+        )
+        .unwrap();
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+pub struct ControlResult {
+    pub services: usize,
+    pub endpoints: usize,
+    pub cold_ms: f64,
+    pub cold_bytes: usize,
+    pub cold_rss_mib: f64,
+    pub nft_f_ms: f64,
+    pub kube_proxy_shape_ms: Option<f64>,
+    pub restart_ms: f64,
+    pub restart_bytes: usize,
+    pub endpoint_change_ms: f64,
+    pub endpoint_change_bytes: usize,
+    pub service_add_ms: f64,
+    pub service_add_bytes: usize,
+    pub service_delete_ms: f64,
+    pub service_delete_bytes: usize,
+}
+
+pub struct BenchOptions {
+    pub sizes: Vec<(usize, usize)>,
+    pub runs: usize,
+    /// The largest cluster for which kube-proxy's shape is loaded (it is quadratic).
+    pub kube_proxy_shape_max: usize,
+    pub prefix: String,
+}
+
+/// Measures one cluster size.
+pub fn control_plane(
+    opts: &BenchOptions,
+    services: usize,
+    endpoints: usize,
+) -> Result<ControlResult, String> {
+    let runs = opts.runs.max(1);
+    let tag = |what: &str, r: usize| format!("{}-{what}{r}", opts.prefix);
+    let mut cold = Vec::new();
+    let mut restart = Vec::new();
+    for r in 0..runs {
+        let ns = Netns::create(&tag("cold", r)).map_err(|e| e.to_string())?;
+        cold.push(run_child(&ns.name, services, endpoints)?);
+        restart.push(run_child(&ns.name, services, endpoints)?);
+    }
+
+    let state = synthetic_state(services, endpoints);
+    let dir = std::env::temp_dir().join(format!("{}-files", opts.prefix));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let ours = dir.join("ruleset.nft");
+    let script = crate::text::replace_script(&translate(&state, &bench_config()).tables);
+    std::fs::File::create(&ours)
+        .and_then(|mut f| f.write_all(script.as_bytes()))
+        .map_err(|e| e.to_string())?;
+    drop(script);
+    let nft_f: Vec<f64> = (0..runs)
+        .map(|r| time_nft_file(&tag("nft", r), &ours))
+        .collect::<Result<_, _>>()?;
+    let kube_proxy_shape_ms = if services <= opts.kube_proxy_shape_max {
+        let kp = dir.join("kube-proxy-shape.nft");
+        std::fs::write(&kp, kube_proxy_shape(&state)).map_err(|e| e.to_string())?;
+        let v: Vec<f64> = (0..runs)
+            .map(|r| time_nft_file(&tag("kp", r), &kp))
+            .collect::<Result<_, _>>()?;
+        Some(median(v))
+    } else {
+        None
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Incremental changes, in one long-lived proxy.
+    let ns = Netns::create(&tag("inc", 0)).map_err(|e| e.to_string())?;
+    let incremental = in_netns(&ns.name, move || incremental_changes(state, runs.max(11)))
+        .map_err(|e| e.to_string())??;
+    Ok(ControlResult {
+        services,
+        endpoints,
+        cold_ms: median(cold.iter().map(|c| c.ms).collect()),
+        cold_bytes: median_usize(cold.iter().map(|c| c.bytes).collect()),
+        cold_rss_mib: median(cold.iter().map(|c| c.rss_kib as f64 / 1024.0).collect()),
+        nft_f_ms: median(nft_f),
+        kube_proxy_shape_ms,
+        restart_ms: median(restart.iter().map(|c| c.ms).collect()),
+        restart_bytes: median_usize(restart.iter().map(|c| c.bytes).collect()),
+        endpoint_change_ms: incremental.0 .0,
+        endpoint_change_bytes: incremental.0 .1,
+        service_add_ms: incremental.1 .0,
+        service_add_bytes: incremental.1 .1,
+        service_delete_ms: incremental.2 .0,
+        service_delete_bytes: incremental.2 .1,
+    })
+}
+
+type Cost = (f64, usize);
+
+/// From the change to the model to the kernel's commit, median over `runs`
+/// changes each: one endpoint replaced, one Service added, one deleted.
+fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, Cost), String> {
+    let services = state.services.len();
+    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+    p.replace_state(state);
+    p.sync().map_err(|e| e.to_string())?;
+    let measure = |p: &mut Proxier,
+                   key: &ServiceKey,
+                   change: &dyn Fn(&mut ClusterState)|
+     -> Result<Cost, String> {
+        let start = Instant::now();
+        p.update(key, change);
+        let r = p.sync().map_err(|e| e.to_string())?;
+        Ok((start.elapsed().as_secs_f64() * 1000.0, r.committed.bytes))
+    };
+    let (mut ep, mut add, mut del) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..runs {
+        // One endpoint of a Service replaced by a new address (a pod rescheduled).
+        let i = (r * 7919) % services;
+        let key = service_key(i);
+        let new_addr = IpAddr::from((0x0b00_0000u32 + r as u32).to_be_bytes());
+        ep.push(measure(&mut p, &key, &|s: &mut ClusterState| {
+            if let Some(slice) = s
+                .slices
+                .get_mut(&service_key(i))
+                .and_then(|m| m.values_mut().next())
+            {
+                if let Some(e) = slice.endpoints.first_mut() {
+                    e.addr = new_addr;
+                }
+            }
+        })?);
+        let j = services + r;
+        let key = service_key(j);
+        add.push(measure(&mut p, &key, &|s: &mut ClusterState| {
+            let addrs: Vec<IpAddr> = (0..10)
+                .map(|k| IpAddr::from((0x0c00_0000u32 + (j * 16 + k) as u32).to_be_bytes()))
+                .collect();
+            s.services.insert(service_key(j), bench_service(j));
+            s.slices
+                .entry(service_key(j))
+                .or_default()
+                .insert("a".into(), bench_slice(j, &addrs));
+        })?);
+        del.push(measure(&mut p, &key, &|s: &mut ClusterState| {
+            s.services.remove(&service_key(j));
+            s.slices.remove(&service_key(j));
+        })?);
+    }
+    let summarize = |v: Vec<Cost>| {
+        (
+            median(v.iter().map(|c| c.0).collect()),
+            median_usize(v.iter().map(|c| c.1).collect()),
+        )
+    };
+    Ok((summarize(ep), summarize(add), summarize(del)))
+}
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+fn fmt_bytes(b: usize) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// The control-plane results as a Markdown table.
+pub fn control_table(results: &[ControlResult]) -> String {
+    let mut out = String::new();
+    out.push_str("| Services × endpoints | cold full sync | bytes | peak RSS | `nft -f` same ruleset | ours vs `nft -f` | kube-proxy 1.36 shape via `nft -f` | restart: time, bytes | 1 endpoint changed | 1 Service added | 1 Service deleted |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in results {
+        writeln!(
+            out,
+            "| {}k × {} | {} | {} | {:.0} MiB | {} | {:.2}× faster | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
+            r.services / 1000,
+            if r.endpoints % r.services == 0 { format!("{}", r.endpoints / r.services) } else { format!("{:.1} ({}k)", r.endpoints as f64 / r.services as f64, r.endpoints / 1000) },
+            fmt_ms(r.cold_ms),
+            fmt_bytes(r.cold_bytes),
+            r.cold_rss_mib,
+            fmt_ms(r.nft_f_ms),
+            r.nft_f_ms / r.cold_ms,
+            r.kube_proxy_shape_ms.map(fmt_ms).unwrap_or_else(|| "not run".into()),
+            fmt_ms(r.restart_ms),
+            fmt_bytes(r.restart_bytes),
+            fmt_ms(r.endpoint_change_ms),
+            fmt_bytes(r.endpoint_change_bytes),
+            fmt_ms(r.service_add_ms),
+            fmt_bytes(r.service_add_bytes),
+            fmt_ms(r.service_delete_ms),
+            fmt_bytes(r.service_delete_bytes),
+        )
+        .unwrap();
+    }
+    out
+}
+
+/// Time per 1000 Services at each size: flat when the cost is linear.
+pub fn linearity(results: &[ControlResult]) -> String {
+    let mut out = String::from("Cold full sync per 1000 Services (flat = linear):");
+    for r in results {
+        write!(
+            out,
+            " {}k: {:.1} ms;",
+            r.services / 1000,
+            r.cold_ms / (r.services as f64 / 1000.0)
+        )
+        .unwrap();
+    }
+    out.pop();
+    out.push('\n');
+    out
+}
