@@ -447,7 +447,13 @@ pub struct Committed {
 /// thread that opened it.
 pub struct NftSocket {
     sock: Socket,
+    /// Reused for every datagram. Its size matters: the kernel sizes the messages
+    /// of a dump after the largest buffer we have received into, and an element
+    /// dump re-walks the set from its start for every message.
+    rx: Vec<u8>,
 }
+
+const RX_BUFFER: usize = 1 << 20;
 
 struct NlMsg<'a> {
     kind: u16,
@@ -507,7 +513,10 @@ impl NftSocket {
         // Large batches and dumps: past the default buffers without touching sysctls.
         rustix::net::sockopt::set_socket_recv_buffer_size_force(&sock, 8 << 20)
             .map_err(io::Error::from)?;
-        Ok(NftSocket { sock })
+        Ok(NftSocket {
+            sock,
+            rx: Vec::with_capacity(RX_BUFFER),
+        })
     }
 
     /// Sends the batch as one transaction. On error nothing was committed.
@@ -531,9 +540,11 @@ impl NftSocket {
             return Err(NftError::Io(io::Error::other("short netlink send")));
         }
         let mut first_error: Option<NftError> = None;
+        let NftSocket { sock, rx } = self;
         loop {
-            let (buf, _) = self.sock.recv_from_full()?;
-            for msg in split_messages(&buf)? {
+            rx.clear();
+            sock.recv(rx, 0)?;
+            for msg in split_messages(rx)? {
                 if msg.kind != NLMSG_ERROR {
                     continue;
                 }
@@ -602,9 +613,11 @@ impl NftSocket {
         let mut buf = w.into_bytes();
         finish_msg(&mut buf, at);
         self.sock.send(&buf, 0)?;
+        let NftSocket { sock, rx } = self;
         loop {
-            let (data, _) = self.sock.recv_from_full()?;
-            for msg in split_messages(&data)? {
+            rx.clear();
+            sock.recv(rx, 0)?;
+            for msg in split_messages(rx)? {
                 match msg.kind {
                     NLMSG_DONE => return Ok(()),
                     NLMSG_ERROR => {

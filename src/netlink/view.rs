@@ -171,21 +171,12 @@ impl NftSocket {
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
-        self.dump_each(
-            GETRULE,
-            family,
-            |w| w.put_str(1, name),
-            |r| {
-                if let Some((chain, rule)) = parse_rule(r, name)? {
-                    if let Some(&i) = chain_index.get(&chain) {
-                        chains[i]
-                            .rules
-                            .push(rule_view(rule.handle.unwrap_or(0), &rule));
-                    }
-                }
-                Ok(())
-            },
-        )?;
+        // One dump per chain: the kernel finds a named chain by hash, while a
+        // whole-table rule dump restarts its walk at the first rule for every
+        // message it fills, which is quadratic in the number of rules.
+        for chain in &mut chains {
+            chain.rules = self.read_chain_rules(family, name, &chain.name)?;
+        }
         let mut sets = Vec::new();
         self.dump_each(
             GETSET,
