@@ -81,9 +81,12 @@ enum Command {
         /// Largest cluster loaded with kube-proxy 1.36's rule shape (quadratic: ~12 s at 10k).
         #[arg(long, default_value_t = 10_000)]
         kube_proxy_shape_max: usize,
-        /// Services programmed in the data-plane runs (empty: skip them).
+        /// Services programmed in the data-plane runs.
         #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,30000")]
         dataplane_sizes: Vec<usize>,
+        /// Skip the data-plane runs.
+        #[arg(long)]
+        no_dataplane: bool,
         /// Seconds of connections per data-plane run.
         #[arg(long, default_value_t = 2.0)]
         dataplane_seconds: f64,
@@ -222,6 +225,7 @@ fn main() -> ExitCode {
             runs,
             kube_proxy_shape_max,
             dataplane_sizes,
+            no_dataplane,
             dataplane_seconds,
             plot,
             prefix,
@@ -229,7 +233,11 @@ fn main() -> ExitCode {
             sizes,
             runs,
             kube_proxy_shape_max,
-            dataplane_sizes,
+            if no_dataplane {
+                Vec::new()
+            } else {
+                dataplane_sizes
+            },
             dataplane_seconds,
             plot,
             prefix,
