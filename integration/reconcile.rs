@@ -6,12 +6,11 @@
 mod common;
 
 use common::*;
-use kube_nft::model::{
-    Conditions, Endpoint, EndpointPort, EndpointSlice, Service, ServiceKey, ServicePort, TargetPort,
-};
+use kube_nft::bench::{bench_service, bench_slice, service_key};
+use kube_nft::model::{ClusterState, ServiceKey};
 use kube_nft::netns::{in_netns, Netns};
 use kube_nft::proxy::{Proxier, SyncKind};
-use kube_nft::ruleset::{Family, Protocol};
+use kube_nft::ruleset::Family;
 use kube_nft::translate::NodeConfig;
 use std::net::IpAddr;
 
@@ -27,66 +26,28 @@ fn config() -> NodeConfig {
 }
 
 fn key(i: usize) -> ServiceKey {
-    ServiceKey {
-        namespace: "bench".into(),
-        name: format!("s{i}"),
-    }
-}
-
-fn endpoint(addr: IpAddr) -> Endpoint {
-    Endpoint {
-        addr,
-        conditions: Conditions {
-            ready: true,
-            serving: true,
-            terminating: false,
-        },
-        node_name: None,
-        zone: None,
-    }
+    service_key(i)
 }
 
 fn ep_addr(i: usize, j: usize) -> IpAddr {
     IpAddr::from((0x0a80_0000u32 + (i * 16 + j) as u32).to_be_bytes())
 }
 
-/// Adds Service `i`: ClusterIP 10.96.x.y, TCP 80 → 8080, `n` ready endpoints.
+/// Adds Service `i` (the benchmark's synthetic Service: TCP 80 → 8080) with `n`
+/// ready endpoints.
 fn add_service(p: &mut Proxier, i: usize, n: usize) {
-    let k = key(i);
-    p.update(&k, |state| {
-        state.services.insert(
-            k.clone(),
-            Service {
-                key: k.clone(),
-                cluster_ips: vec![IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())],
-                ports: vec![ServicePort {
-                    name: "http".into(),
-                    protocol: Protocol::Tcp,
-                    port: 80,
-                    target_port: TargetPort::Number(8080),
-                }],
-            },
-        );
+    p.update(&key(i), |state| {
+        state.services.insert(key(i), bench_service(i));
         set_endpoints(state, i, &(0..n).map(|j| ep_addr(i, j)).collect::<Vec<_>>());
     });
 }
 
-fn set_endpoints(state: &mut kube_nft::model::ClusterState, i: usize, addrs: &[IpAddr]) {
-    let k = key(i);
-    state.slices.entry(k.clone()).or_default().insert(
-        format!("s{i}-a"),
-        EndpointSlice {
-            name: format!("s{i}-a"),
-            service: k,
-            family: Family::Ip,
-            ports: vec![EndpointPort {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 8080,
-            }],
-            endpoints: addrs.iter().map(|a| endpoint(*a)).collect(),
-        },
-    );
+fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
+    state
+        .slices
+        .entry(key(i))
+        .or_default()
+        .insert(format!("svc-{i:05}-a"), bench_slice(i, addrs));
 }
 
 /// Runs `f` with a Proxier inside a fresh namespace.
