@@ -16,7 +16,7 @@
 use crate::model::{build_state, ClusterState, Objects, Rejected, ServiceKey, Validated};
 use crate::netlink::diff::{diff_rules, Plan};
 use crate::netlink::lower::{lower_chain, lower_element, lower_table, KernelChain, KernelElement};
-use crate::netlink::view::{RuleView, TableView};
+use crate::netlink::view::{slots, RuleView, TableView};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
 use crate::ruleset::{Family, TABLE_NAME};
 use crate::translate::{
@@ -164,7 +164,7 @@ impl SlotHints for ViewHints<'_> {
         self.0[family_index(family)]
             .as_ref()?
             .chain(chain)
-            .map(|c| c.slots())
+            .map(|c| slots(&c.rules))
     }
 }
 
@@ -175,7 +175,7 @@ impl SlotHints for ChainHints {
     fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>> {
         self.0
             .get(&(family, chain.to_string()))
-            .map(|rules| rules.iter().rev().filter_map(|r| r.dnat).collect())
+            .map(|rules| slots(rules))
     }
 }
 
@@ -235,17 +235,8 @@ impl Proxier {
         &self.state
     }
 
-    pub fn config(&self) -> &NodeConfig {
-        &self.config
-    }
-
     pub fn socket(&mut self) -> &mut NftSocket {
         &mut self.sock
-    }
-
-    /// The whole desired ruleset for the current model.
-    pub fn desired(&self) -> Ruleset {
-        translate(&self.state, &self.config)
     }
 
     /// Replaces the model (a reloaded source); only Services whose Service or
@@ -308,10 +299,7 @@ impl Proxier {
     }
 
     fn full_sync(&mut self) -> Result<(SyncKind, usize, Committed), NftError> {
-        let views = [
-            self.sock.read_view(Family::Ip, TABLE_NAME)?,
-            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
-        ];
+        let views = self.read_views()?;
         let mut plan = Plan::default();
         let mut applied = HashMap::new();
         let mut hairpin_refs = HashMap::new();
@@ -470,10 +458,7 @@ impl Proxier {
     /// The desired ruleset with endpoints in the slots the kernel has them in:
     /// what the kernel must hold after a successful sync.
     pub fn desired_as_placed(&mut self) -> Result<Ruleset, NftError> {
-        let views = [
-            self.sock.read_view(Family::Ip, TABLE_NAME)?,
-            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
-        ];
+        let views = self.read_views()?;
         Ok(translate_with_hints(
             &self.state,
             &self.config,
@@ -485,6 +470,14 @@ impl Proxier {
     pub fn verify(&mut self) -> Result<bool, NftError> {
         let want = self.desired_as_placed()?;
         kernel_matches(&mut self.sock, &want)
+    }
+
+    /// Our tables as the kernel holds them, indexed by `family_index`.
+    fn read_views(&mut self) -> Result<[Option<TableView>; 2], NftError> {
+        Ok([
+            self.sock.read_view(Family::Ip, TABLE_NAME)?,
+            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
+        ])
     }
 
     fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {

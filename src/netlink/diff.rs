@@ -73,10 +73,6 @@ impl Plan {
         self.rebuild.push(table);
     }
 
-    pub fn rebuilds(&self, family: Family) -> bool {
-        self.rebuild.iter().any(|t| t.family == family)
-    }
-
     pub fn add_table(&mut self, family: Family, userdata: Option<Vec<u8>>) {
         self.add_tables.push((family, userdata));
     }

@@ -33,13 +33,13 @@ const NFNL_MSG_BATCH_END: u16 = 17;
 
 // enum nf_tables_msg_types
 const NEWTABLE: u16 = 0;
-pub(crate) const GETTABLE: u16 = 1;
+const GETTABLE: u16 = 1;
 const DELTABLE: u16 = 2;
 const NEWCHAIN: u16 = 3;
 pub(crate) const GETCHAIN: u16 = 4;
 const DELCHAIN: u16 = 5;
 const NEWRULE: u16 = 6;
-pub(crate) const GETRULE: u16 = 7;
+const GETRULE: u16 = 7;
 const DELRULE: u16 = 8;
 const NEWSET: u16 = 9;
 pub(crate) const GETSET: u16 = 10;
@@ -227,11 +227,15 @@ impl Batch {
 
     pub fn add_rule(&mut self, family: Family, table: &str, chain: &str, rule: &KernelRule) {
         let what = format!("add rule to {} {table} chain {chain}", family.keyword());
-        self.message(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what, |w| {
-            w.put_str(1, table);
-            w.put_str(2, chain);
-            write_rule_body(w, rule);
-        });
+        self.rule_message(
+            NLM_F_CREATE | NLM_F_APPEND,
+            what,
+            family,
+            table,
+            chain,
+            None,
+            rule,
+        );
     }
 
     /// Replaces the rule with this handle, in place (NLM_F_REPLACE).
@@ -247,12 +251,15 @@ impl Batch {
             "replace rule {handle} in {} {table} chain {chain}",
             family.keyword()
         );
-        self.message(NEWRULE, NLM_F_REPLACE, family, what, |w| {
-            w.put_str(1, table);
-            w.put_str(2, chain);
-            w.put_u64(3, handle);
-            write_rule_body(w, rule);
-        });
+        self.rule_message(
+            NLM_F_REPLACE,
+            what,
+            family,
+            table,
+            chain,
+            Some(handle),
+            rule,
+        );
     }
 
     /// Inserts the rule at the head of the chain (no NLM_F_APPEND, no position).
@@ -261,10 +268,34 @@ impl Batch {
             "insert rule into {} {table} chain {chain}",
             family.keyword()
         );
-        self.message(NEWRULE, NLM_F_CREATE, family, what, |w| {
+        self.rule_message(NLM_F_CREATE, what, family, table, chain, None, rule);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rule_message(
+        &mut self,
+        flags: u16,
+        what: String,
+        family: Family,
+        table: &str,
+        chain: &str,
+        handle: Option<u64>,
+        rule: &KernelRule,
+    ) {
+        self.message(NEWRULE, flags, family, what, |w| {
             w.put_str(1, table);
             w.put_str(2, chain);
-            write_rule_body(w, rule);
+            if let Some(h) = handle {
+                w.put_u64(3, h);
+            }
+            w.nest(4, |w| {
+                for e in &rule.exprs {
+                    e.emit(w);
+                }
+            });
+            if let Some(u) = &rule.userdata {
+                w.put(7, u);
+            }
         });
     }
 
@@ -413,17 +444,6 @@ impl Batch {
         );
         finish_msg(&mut self.buf, at);
         (self.buf, self.described)
-    }
-}
-
-fn write_rule_body(w: &mut AttrWriter, rule: &KernelRule) {
-    w.nest(4, |w| {
-        for e in &rule.exprs {
-            e.emit(w);
-        }
-    });
-    if let Some(u) = &rule.userdata {
-        w.put(7, u);
     }
 }
 
@@ -638,49 +658,89 @@ impl NftSocket {
         }
     }
 
+    /// Whether the named table exists, and with what userdata.
+    pub(crate) fn find_table(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<Option<Option<Vec<u8>>>, NftError> {
+        let mut found = None;
+        self.dump_each(
+            GETTABLE,
+            family,
+            |_| {},
+            |t| {
+                let (mut this, mut userdata) = (false, None);
+                for a in Attrs::new(t) {
+                    let (k, p) = a?;
+                    match k {
+                        1 => this = Payload::new("table", k, p).string()? == name,
+                        6 => userdata = Some(p.to_vec()),
+                        _ => {}
+                    }
+                }
+                if this {
+                    found = Some(userdata);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(found)
+    }
+
+    /// The rules of one chain, in order, through a dump filtered by chain: the
+    /// kernel finds a named chain by hash, while a whole-table rule dump restarts
+    /// its walk at the first rule for every message it fills (quadratic).
+    pub(crate) fn each_chain_rule(
+        &mut self,
+        family: Family,
+        table: &str,
+        chain: &str,
+        mut each: impl FnMut(KernelRule),
+    ) -> Result<(), NftError> {
+        self.dump_each(
+            GETRULE,
+            family,
+            |w| {
+                w.put_str(1, table);
+                w.put_str(2, chain);
+            },
+            |r| {
+                if let Some((c, rule)) = parse_rule(r, table)? {
+                    if c == chain {
+                        each(rule);
+                    }
+                }
+                Ok(())
+            },
+        )
+    }
+
     /// Reads one of our tables back from the kernel; `None` if it does not exist.
     pub fn read_table(
         &mut self,
         family: Family,
         name: &str,
     ) -> Result<Option<KernelTable>, NftError> {
-        let tables = self.dump(GETTABLE, family, |_| {})?;
-        let mut table = None;
-        for t in &tables {
-            let mut tname = None;
-            let mut userdata = None;
-            for a in Attrs::new(t) {
-                let (k, p) = a?;
-                match k {
-                    1 => tname = Some(Payload::new("table", k, p).string()?),
-                    6 => userdata = Some(p.to_vec()),
-                    _ => {}
-                }
-            }
-            if tname.as_deref() == Some(name) {
-                table = Some(KernelTable {
-                    family,
-                    name: name.to_string(),
-                    userdata,
-                    sets: Vec::new(),
-                    chains: Vec::new(),
-                });
-            }
-        }
-        let Some(mut table) = table else {
+        let Some(userdata) = self.find_table(family, name)? else {
             return Ok(None);
+        };
+        let mut table = KernelTable {
+            family,
+            name: name.to_string(),
+            userdata,
+            sets: Vec::new(),
+            chains: Vec::new(),
         };
         for c in self.dump(GETCHAIN, family, |w| w.put_str(1, name))? {
             if let Some(chain) = parse_chain(&c, name)? {
                 table.chains.push(chain);
             }
         }
-        for r in self.dump(GETRULE, family, |w| w.put_str(1, name))? {
-            if let Some((chain, rule)) = parse_rule(&r, name)? {
-                if let Some(c) = table.chains.iter_mut().find(|c| c.name == chain) {
-                    c.rules.push(rule);
-                }
-            }
+        for chain in &mut table.chains {
+            let mut rules = Vec::new();
+            self.each_chain_rule(family, name, &chain.name, |r| rules.push(r))?;
+            chain.rules = rules;
         }
         for s in self.dump(GETSET, family, |w| w.put_str(1, name))? {
             if let Some(set) = parse_set(&s, name)? {

@@ -3,12 +3,11 @@
 //! definition and elements. Enough to diff against, at a fraction of the memory of
 //! the decoded rules (100k rules: a few MiB).
 
-use super::attr::{AttrWriter, Attrs, Payload};
+use super::attr::AttrWriter;
 use super::expr::{Data, Expr, REG_1, REG_2};
 use super::lower::{KernelElement, KernelRule, KernelSet};
 use super::nftables::{
-    parse_chain, parse_elements, parse_rule, parse_set, NftError, NftSocket, GETCHAIN, GETRULE,
-    GETSET, GETSETELEM, GETTABLE,
+    parse_chain, parse_elements, parse_set, NftError, NftSocket, GETCHAIN, GETSET, GETSETELEM,
 };
 use crate::ruleset::{BaseChain, Family};
 use std::collections::HashMap;
@@ -31,11 +30,10 @@ pub struct ChainView {
     pub rules: Vec<RuleView>,
 }
 
-impl ChainView {
-    /// The endpoints of a Service port chain by cascade slot (slot 0 = last rule).
-    pub fn slots(&self) -> Vec<(IpAddr, u16)> {
-        self.rules.iter().rev().filter_map(|r| r.dnat).collect()
-    }
+/// The endpoints of a Service port chain's rules by cascade slot (slot 0 is the
+/// last rule).
+pub fn slots(rules: &[RuleView]) -> Vec<(IpAddr, u16)> {
+    rules.iter().rev().filter_map(|r| r.dnat).collect()
 }
 
 #[derive(Debug, Clone)]
@@ -123,32 +121,9 @@ pub fn rule_view(handle: u64, rule: &KernelRule) -> RuleView {
 impl NftSocket {
     /// Reads one of our tables compactly; `None` if it does not exist.
     pub fn read_view(&mut self, family: Family, name: &str) -> Result<Option<TableView>, NftError> {
-        let mut userdata = None;
-        let mut found = false;
-        self.dump_each(
-            GETTABLE,
-            family,
-            |_| {},
-            |t| {
-                let mut this = (false, None);
-                for a in Attrs::new(t) {
-                    let (k, p) = a?;
-                    match k {
-                        1 => this.0 = Payload::new("table", k, p).string()? == name,
-                        6 => this.1 = Some(p.to_vec()),
-                        _ => {}
-                    }
-                }
-                if this.0 {
-                    found = true;
-                    userdata = this.1;
-                }
-                Ok(())
-            },
-        )?;
-        if !found {
+        let Some(userdata) = self.find_table(family, name)? else {
             return Ok(None);
-        }
+        };
         let mut chains = Vec::new();
         self.dump_each(
             GETCHAIN,
@@ -171,9 +146,6 @@ impl NftSocket {
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
-        // One dump per chain: the kernel finds a named chain by hash, while a
-        // whole-table rule dump restarts its walk at the first rule for every
-        // message it fills, which is quadratic in the number of rules.
         for chain in &mut chains {
             chain.rules = self.read_chain_rules(family, name, &chain.name)?;
         }
@@ -226,22 +198,9 @@ impl NftSocket {
         chain: &str,
     ) -> Result<Vec<RuleView>, NftError> {
         let mut rules = Vec::new();
-        self.dump_each(
-            GETRULE,
-            family,
-            |w| {
-                w.put_str(1, table);
-                w.put_str(2, chain);
-            },
-            |r| {
-                if let Some((c, rule)) = parse_rule(r, table)? {
-                    if c == chain {
-                        rules.push(rule_view(rule.handle.unwrap_or(0), &rule));
-                    }
-                }
-                Ok(())
-            },
-        )?;
+        self.each_chain_rule(family, table, chain, |r| {
+            rules.push(rule_view(r.handle.unwrap_or(0), &r))
+        })?;
         Ok(rules)
     }
 }
