@@ -77,14 +77,88 @@ fn manifests() -> String {
     );
     m += &service("v6only", &["fd00:10:96::8"], &[udp(53, 53)]);
     m += &slice("v6only", "a", &[udp(53, 53)], &["fd00:10:244::8"]);
+    m += EXTERNAL;
     m
 }
+
+/// This node, and Services reachable from outside it: NodePorts, external IPs, a
+/// load balancer with source ranges, and both traffic policies with and without
+/// local endpoints (the `external-`, `local-` and `firewall-` chain shapes).
+const EXTERNAL: &str = r#"
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+status: {addresses: [{type: InternalIP, address: 192.0.2.1}, {type: InternalIP, address: "2001:db8::1"}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.1
+  clusterIPs: [10.96.1.1, "fd00:10:96::1:1"]
+  externalIPs: [198.51.100.7]
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080}, {name: dns, protocol: UDP, port: 53, nodePort: 30053}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: np-a, namespace: default, labels: {kubernetes.io/service-name: np}}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: dns, protocol: UDP, port: 53}]
+endpoints: [{addresses: [10.244.6.1], nodeName: node-a}, {addresses: [10.244.6.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb-local, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.1.2
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  loadBalancerSourceRanges: [203.0.113.0/24, 192.0.2.0/25]
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30081}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.8}, {ip: 198.51.100.9, ipMode: Proxy}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-local-a, namespace: default, labels: {kubernetes.io/service-name: lb-local}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.6.3], nodeName: node-a}, {addresses: [10.244.6.4], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb-elsewhere, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.1.3
+  externalTrafficPolicy: Local
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30082}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.10}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-elsewhere-a, namespace: default, labels: {kubernetes.io/service-name: lb-elsewhere}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.6.5], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: np-empty, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.4
+  ports: [{name: http, port: 80, nodePort: 30083}]
+"#;
 
 fn ruleset(config: &NodeConfig) -> Ruleset {
     let mut loaded = Loaded::default();
     load_str(&manifests(), "parity.yaml", &mut loaded);
     assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
-    let (rs, validated) = proxy::desired(&loaded.objects, None, config);
+    let (rs, validated) = proxy::desired(&loaded.objects, Some("node-a"), config);
     assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);
     rs
 }
@@ -187,6 +261,7 @@ fn parity_with_aligned_pod_cidrs_and_the_default_service_cidr() {
                 "fd00:10:96::/112".parse().unwrap(),
             ],
             masquerade_bit: 14,
+            ..NodeConfig::default()
         },
     );
 }
@@ -205,6 +280,7 @@ fn parity_with_unaligned_cidrs_and_another_masquerade_bit() {
                 "fd00:10:96::/108".parse().unwrap(),
             ],
             masquerade_bit: 0,
+            ..NodeConfig::default()
         },
     );
 }

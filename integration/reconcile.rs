@@ -22,6 +22,7 @@ fn config() -> NodeConfig {
         ],
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         masquerade_bit: 14,
+        ..NodeConfig::default()
     }
 }
 

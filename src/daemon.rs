@@ -6,10 +6,11 @@
 //! ruleset in place and is retried with backoff, as a full sync.
 
 use crate::netlink::monitor::{Change, Monitor};
+use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind};
 use crate::ruleset::TABLE_NAME;
 use crate::source::files;
-use crate::translate::NodeConfig;
+use crate::translate::{NodeConfig, NodePortAddresses};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
@@ -39,7 +40,25 @@ fn manifests_stamp(paths: &[PathBuf]) -> Option<SystemTime> {
         .max()
 }
 
+/// Reads this node's addresses into the config when `--nodeport-addresses` CIDRs
+/// need them; on failure the addresses known before are kept.
+pub fn with_local_addresses(mut config: NodeConfig) -> NodeConfig {
+    if matches!(config.nodeport_addresses, NodePortAddresses::Cidrs(_)) {
+        match route::local_addresses() {
+            Ok(addrs) => config.local_addresses = addrs,
+            Err(e) => tracing::warn!("reading this node's addresses: {e}"),
+        }
+    }
+    config
+}
+
+fn refresh_addresses(proxier: &mut Proxier) {
+    let config = with_local_addresses(proxier.config().clone());
+    proxier.set_config(config);
+}
+
 fn load(opts: &RunOptions, proxier: &mut Proxier) -> Result<(), String> {
+    refresh_addresses(proxier);
     let loaded = files::load(&opts.manifests).map_err(|e| e.to_string())?;
     log_rejected(&loaded.rejected);
     let validated = validate(&loaded.objects, opts.node_name.as_deref());
@@ -115,6 +134,7 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
     loop {
         let now = Instant::now();
         if now.duration_since(last_full) >= opts.sync_period {
+            refresh_addresses(&mut proxier);
             proxier.request_full_sync();
         }
         let earliest = last_sync

@@ -6,7 +6,7 @@ use kube_nft::daemon::{self, RunOptions};
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
-use kube_nft::translate::{NodeConfig, DEFAULT_MASQUERADE_BIT};
+use kube_nft::translate::{NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT};
 use kube_nft::{proxy, text};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -137,6 +137,10 @@ struct ProxyArgs {
     /// The bit of the packet mark that requests masquerade (kube-proxy's default 14: 0x4000).
     #[arg(long, default_value_t = DEFAULT_MASQUERADE_BIT)]
     masquerade_bit: u8,
+    /// Where NodePorts are served: `primary` (the Node object's primary IPs) or
+    /// comma-separated CIDRs selecting this node's addresses. Never loopback.
+    #[arg(long, default_value = "primary")]
+    nodeport_addresses: NodePortAddresses,
 }
 
 impl ProxyArgs {
@@ -145,8 +149,11 @@ impl ProxyArgs {
             cluster_cidrs: self.cluster_cidr.clone(),
             service_cidrs: self.service_cidr.clone(),
             masquerade_bit: self.masquerade_bit,
+            nodeport_addresses: self.nodeport_addresses.clone(),
+            local_addresses: Vec::new(),
         };
         config.validate().map_err(|e| e.to_string())?;
+        let config = daemon::with_local_addresses(config);
         Ok(config)
     }
 
@@ -217,6 +224,7 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
+                ..NodeConfig::default()
             },
         })
         .map_err(|e| e.to_string()),

@@ -7,6 +7,7 @@
 //! leave alone (ExternalName, headless, another proxy's) are skipped, not rejected.
 
 use crate::ruleset::{Family, Protocol};
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -20,7 +21,7 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ServiceKey {
     pub namespace: String,
     pub name: String,
@@ -66,17 +67,52 @@ pub struct ServicePort {
     pub protocol: Protocol,
     pub port: u16,
     pub target_port: TargetPort,
+    /// Set for NodePort and LoadBalancer Services (unless node ports are not allocated).
+    pub node_port: Option<u16>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Service {
     pub key: ServiceKey,
     /// One per IP family the Service has (dual-stack Services have two).
     pub cluster_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, except those with `ipMode: Proxy`
+    /// (the load balancer proxies those itself, so the node must not capture them).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`: who may reach the load balancer IPs.
+    pub source_ranges: Vec<IpNet>,
+    /// `externalTrafficPolicy: Local` on a Service reachable from outside.
+    pub external_policy_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_policy_local: bool,
+    pub health_check_node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP`, with its timeout in seconds.
+    pub affinity_timeout: Option<u32>,
 }
 
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
 impl Service {
+    /// Whether the Service has destinations outside its ClusterIPs.
+    pub fn externally_accessible(&self) -> bool {
+        self.ports.iter().any(|p| p.node_port.is_some())
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
+    }
+
+    /// kube-proxy's `UsesClusterEndpoints`: some traffic may go to any endpoint.
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+    }
+
+    /// kube-proxy's `UsesLocalEndpoints`: some traffic goes to this node's only.
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
+    }
+
     /// `ns/name:port`, the name kube-proxy users know a Service port by (the port
     /// number stands in for the name of an unnamed port).
     pub fn port_label(&self, port: &ServicePort) -> String {
@@ -101,6 +137,14 @@ pub struct Endpoint {
     pub conditions: Conditions,
     pub node_name: Option<String>,
     pub zone: Option<String>,
+    pub hints: Hints,
+}
+
+/// Topology hints the EndpointSlice controller writes (from `trafficDistribution`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hints {
+    pub for_zones: Vec<String>,
+    pub for_nodes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,13 +172,16 @@ pub struct PortEndpoint {
     pub conditions: Conditions,
     pub node_name: Option<String>,
     pub zone: Option<String>,
+    pub hints: Hints,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeInfo {
     pub name: String,
     pub zone: Option<String>,
-    pub addresses: Vec<IpAddr>,
+    /// The node's primary IPs, one per family: its first InternalIP of the family,
+    /// else its first ExternalIP (as kube-proxy picks them).
+    pub primary_ips: Vec<IpAddr>,
 }
 
 /// Everything kube-nft proxies, as validated objects.
@@ -170,6 +217,7 @@ impl ClusterState {
                     conditions: ep.conditions,
                     node_name: ep.node_name.clone(),
                     zone: ep.zone.clone(),
+                    hints: ep.hints.clone(),
                 };
                 merged
                     .entry((ep.addr, sp.port))
@@ -306,6 +354,15 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
         }
         cluster_ips.push(ip);
     }
+    let service_type = spec.type_.as_deref().unwrap_or("ClusterIP");
+    if !matches!(service_type, "ClusterIP" | "NodePort" | "LoadBalancer") {
+        return Err(reject(
+            &object,
+            "spec.type",
+            format!("{service_type:?} is not ClusterIP, NodePort, LoadBalancer or ExternalName"),
+        ));
+    }
+    let has_node_ports = service_type != "ClusterIP";
     let k8s_ports = spec.ports.as_deref().unwrap_or_default();
     let mut ports: Vec<ServicePort> = Vec::new();
     for (i, p) in k8s_ports.iter().enumerate() {
@@ -354,18 +411,159 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
                 format!("duplicate {protocol} port {port}"),
             ));
         }
+        let node_port = match p.node_port {
+            Some(n) if has_node_ports && n != 0 => {
+                Some(parse_port(&object, &field("nodePort"), n)?)
+            }
+            _ => None,
+        };
+        if let Some(n) = node_port {
+            if ports
+                .iter()
+                .any(|q| q.node_port == Some(n) && q.protocol == protocol)
+            {
+                return Err(reject(
+                    &object,
+                    field("nodePort"),
+                    format!("duplicate {protocol} node port {n}"),
+                ));
+            }
+        }
         ports.push(ServicePort {
             name: port_name,
             protocol,
             port,
             target_port,
+            node_port,
         });
     }
-    Ok(Converted::Valid(Service {
+    let external_ips = parse_ips(
+        &object,
+        "spec.externalIPs",
+        spec.external_ips.iter().flatten().map(|s| s.as_str()),
+    )?;
+    let mut load_balancer_ips = Vec::new();
+    if service_type == "LoadBalancer" {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref());
+        for (i, ing) in ingress.into_iter().flatten().enumerate() {
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(ip) = &ing.ip {
+                load_balancer_ips.extend(parse_ips(
+                    &object,
+                    &format!("status.loadBalancer.ingress[{i}].ip"),
+                    [ip.as_str()],
+                )?);
+            }
+        }
+    }
+    let mut source_ranges = Vec::new();
+    for (i, r) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        let net: IpNet = r.trim().parse().map_err(|_| {
+            reject(
+                &object,
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                format!("{r:?} is not a CIDR"),
+            )
+        })?;
+        source_ranges.push(net.trunc());
+    }
+    let policy = |field: &str, value: Option<&String>| match value.map(String::as_str) {
+        None | Some("Cluster") => Ok(false),
+        Some("Local") => Ok(true),
+        Some(other) => Err(reject(
+            &object,
+            field,
+            format!("{other:?} is not Cluster or Local"),
+        )),
+    };
+    let external_local = policy(
+        "spec.externalTrafficPolicy",
+        spec.external_traffic_policy.as_ref(),
+    )?;
+    let internal_policy_local = policy(
+        "spec.internalTrafficPolicy",
+        spec.internal_traffic_policy.as_ref(),
+    )?;
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(n) if service_type == "LoadBalancer" && external_local && n != 0 => {
+            Some(parse_port(&object, "spec.healthCheckNodePort", n)?)
+        }
+        _ => None,
+    };
+    let affinity_timeout = match spec.session_affinity.as_deref() {
+        None | Some("None") => None,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT as i32);
+            if !(1..=86400).contains(&t) {
+                return Err(reject(
+                    &object,
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{t} is not in 1..86400"),
+                ));
+            }
+            Some(t as u32)
+        }
+        Some(other) => {
+            return Err(reject(
+                &object,
+                "spec.sessionAffinity",
+                format!("{other:?} is not None or ClientIP"),
+            ))
+        }
+    };
+    let mut svc = Service {
         key,
         cluster_ips,
         ports,
-    }))
+        external_ips,
+        load_balancer_ips,
+        source_ranges,
+        external_policy_local: false,
+        internal_policy_local,
+        health_check_node_port,
+        affinity_timeout,
+    };
+    // The external policy only means something where there is external traffic.
+    svc.external_policy_local = external_local && svc.externally_accessible();
+    Ok(Converted::Valid(svc))
+}
+
+fn parse_ips<'a>(
+    object: &str,
+    field: &str,
+    ips: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<IpAddr>, Rejected> {
+    let mut out = Vec::new();
+    for (i, s) in ips.into_iter().enumerate() {
+        let ip: IpAddr = s.parse().map_err(|_| {
+            let field = if field.ends_with(']') {
+                field.to_string()
+            } else {
+                format!("{field}[{i}]")
+            };
+            reject(object, field, format!("{s:?} is not an IP address"))
+        })?;
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 pub fn convert_endpoint_slice(
@@ -450,11 +648,30 @@ pub fn convert_endpoint_slice(
                 format!("{a} does not match addressType {}", slice.address_type),
             ));
         }
+        let hints = ep
+            .hints
+            .as_ref()
+            .map(|h| Hints {
+                for_zones: h
+                    .for_zones
+                    .iter()
+                    .flatten()
+                    .map(|z| z.name.clone())
+                    .collect(),
+                for_nodes: h
+                    .for_nodes
+                    .iter()
+                    .flatten()
+                    .map(|n| n.name.clone())
+                    .collect(),
+            })
+            .unwrap_or_default();
         endpoints.push(Endpoint {
             addr,
             conditions,
             node_name: ep.node_name.clone(),
             zone: ep.zone.clone(),
+            hints,
         });
     }
     Ok(Converted::Valid(EndpointSlice {
@@ -475,7 +692,7 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
     if name.is_empty() {
         return Err(reject(&object, "metadata.name", "must be set"));
     }
-    let mut addresses = Vec::new();
+    let mut addresses: Vec<(&str, IpAddr)> = Vec::new();
     if let Some(status) = &node.status {
         for (i, a) in status
             .addresses
@@ -485,14 +702,27 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
             .enumerate()
         {
             if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
-                addresses.push(a.address.parse().map_err(|_| {
+                let ip = a.address.parse().map_err(|_| {
                     reject(
                         &object,
                         format!("status.addresses[{i}].address"),
                         format!("{:?} is not an IP address", a.address),
                     )
-                })?);
+                })?;
+                addresses.push((a.type_.as_str(), ip));
             }
+        }
+    }
+    let mut primary_ips = Vec::new();
+    for family in Family::ALL {
+        let of = |kind: &str| {
+            addresses
+                .iter()
+                .find(|(t, ip)| *t == kind && Family::of(ip) == family)
+                .map(|(_, ip)| *ip)
+        };
+        if let Some(ip) = of("InternalIP").or_else(|| of("ExternalIP")) {
+            primary_ips.push(ip);
         }
     }
     Ok(NodeInfo {
@@ -503,7 +733,7 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
             .as_ref()
             .and_then(|l| l.get(ZONE_LABEL))
             .cloned(),
-        addresses,
+        primary_ips,
     })
 }
 
@@ -569,6 +799,13 @@ pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
             Ok(info) => out.state.node = Some(info),
             Err(r) => out.rejected.push(r),
         }
+    }
+    // Without its Node object, this node is still known by name (for locality).
+    if let (None, Some(name)) = (&out.state.node, node_name) {
+        out.state.node = Some(NodeInfo {
+            name: name.to_string(),
+            ..NodeInfo::default()
+        });
     }
     out
 }

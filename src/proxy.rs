@@ -20,8 +20,8 @@ use crate::netlink::view::{slots, RuleView, TableView};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
 use crate::ruleset::{Family, TABLE_NAME};
 use crate::translate::{
-    hairpin_element, service_rules, skeleton, translate, translate_with_hints, NodeConfig, Ruleset,
-    SlotHints, SlotKey, SET_CLUSTER_IPS, SET_HAIRPIN,
+    hairpin_element, node_elements, service_rules, skeleton, translate, translate_with_hints,
+    NodeConfig, Ruleset, SlotHints, SlotKey, SET_HAIRPIN,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -134,14 +134,15 @@ fn lower_service(
     state: &ClusterState,
     key: &ServiceKey,
     family: Family,
+    config: &NodeConfig,
     hints: &dyn SlotHints,
 ) -> Option<LoweredService> {
     let svc = state.services.get(key)?;
-    let rules = service_rules(state, svc, family, hints);
+    let rules = service_rules(state, svc, family, config, hints);
     let elements = rules
         .elements
         .iter()
-        .map(|(set, e)| (*set, lower_element(e, *set != SET_CLUSTER_IPS)))
+        .map(|(set, e)| (*set, lower_element(e, e.key.len() > 1)))
         .collect();
     Some(LoweredService {
         applied: Applied {
@@ -242,6 +243,10 @@ impl Proxier {
     /// Replaces the model (a reloaded source); only Services whose Service or
     /// EndpointSlices differ are marked for the next sync.
     pub fn replace_state(&mut self, state: ClusterState) {
+        // The node's zone, name and addresses shape every Service: recompute all.
+        if self.state.node != state.node {
+            self.full_sync_needed = true;
+        }
         let keys: BTreeSet<&ServiceKey> = self
             .state
             .services
@@ -264,6 +269,19 @@ impl Proxier {
     pub fn update(&mut self, key: &ServiceKey, change: impl FnOnce(&mut ClusterState)) {
         change(&mut self.state);
         self.dirty.insert(key.clone());
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// Changes the node settings (for example its addresses); a change makes the
+    /// next sync a full one.
+    pub fn set_config(&mut self, config: NodeConfig) {
+        if config != self.config {
+            self.config = config;
+            self.full_sync_needed = true;
+        }
     }
 
     /// Makes the next sync a full readback and diff (drift, resync period).
@@ -312,8 +330,16 @@ impl Proxier {
                 skeleton.chains.iter().map(|c| c.name.clone()).collect();
             let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
+            for (set, e) in node_elements(&self.state, &self.config, family) {
+                let e = lower_element(&e, e.key.len() > 1);
+                wanted_elements
+                    .entry(set)
+                    .or_default()
+                    .insert(e.key.clone(), e);
+            }
             for key in self.state.services.keys() {
-                let Some(svc) = lower_service(&self.state, key, family, &hints) else {
+                let Some(svc) = lower_service(&self.state, key, family, &self.config, &hints)
+                else {
                     continue;
                 };
                 for chain in svc.chains {
@@ -395,7 +421,7 @@ impl Proxier {
                     .get(&(key.clone(), family))
                     .cloned()
                     .unwrap_or_default();
-                let new = lower_service(&self.state, key, family, &hints);
+                let new = lower_service(&self.state, key, family, &self.config, &hints);
                 let (chains, new_applied) = match new {
                     Some(s) => (s.chains, s.applied),
                     None => (Vec::new(), Applied::default()),

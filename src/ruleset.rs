@@ -293,6 +293,8 @@ pub enum Stmt {
     L4Proto(Protocol),
     /// `ct state new`.
     CtStateNew,
+    /// `fib saddr type local`: the packet comes from one of this host's addresses.
+    FibSaddrLocal,
     /// `meta mark & M == M`.
     MarkHas(u32),
     /// `numgen random mod N V`, true with probability 1/N.

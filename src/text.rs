@@ -4,7 +4,7 @@
 //! `kube-nft render` prints this, and the parity tests load it with `nft -f` to
 //! check that our netlink encoder programs exactly what this text means.
 
-use crate::ruleset::{Chain, ChainType, Element, Family, Field, Hook, Rule, Set, Stmt, Table};
+use crate::ruleset::{Chain, Element, Family, Field, Hook, Rule, Set, Stmt, Table};
 use std::fmt::Write;
 
 fn quote(s: &str) -> String {
@@ -48,6 +48,7 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         }
         Stmt::L4Proto(p) => format!("meta l4proto {p}"),
         Stmt::CtStateNew => "ct state new".to_string(),
+        Stmt::FibSaddrLocal => "fib saddr type local".to_string(),
         Stmt::MarkHas(m) => format!("meta mark & {} == {}", hex(*m), hex(*m)),
         Stmt::NumgenEq { modulus, value } => format!("numgen random mod {modulus} {value}"),
         Stmt::InSet { fields: fs, set } => format!("{} @{set}", fields(family, fs)),
@@ -123,11 +124,25 @@ fn write_set(out: &mut String, s: &Set) {
     writeln!(out, "\t}}").unwrap();
 }
 
-fn priority(kind: ChainType, hook: Hook, p: i32) -> String {
-    match (kind, hook, p) {
-        (ChainType::Nat, Hook::Prerouting, -100) => "dstnat".to_string(),
-        (ChainType::Nat, Hook::Postrouting, 100) => "srcnat".to_string(),
-        _ => p.to_string(),
+/// As `nft` prints a priority: a standard name the hook allows, with an offset of
+/// at most 10 (`dstnat - 10`), else the number.
+fn priority(hook: Hook, p: i32) -> String {
+    let mut named = vec![
+        ("raw", -300),
+        ("mangle", -150),
+        ("filter", 0),
+        ("security", 50),
+    ];
+    match hook {
+        Hook::Prerouting => named.push(("dstnat", -100)),
+        Hook::Postrouting => named.push(("srcnat", 100)),
+        _ => {}
+    }
+    match named.iter().find(|(_, v)| (p - v).abs() <= 10) {
+        Some((name, v)) if p == *v => name.to_string(),
+        Some((name, v)) if p > *v => format!("{name} + {}", p - v),
+        Some((name, v)) => format!("{name} - {}", v - p),
+        None => p.to_string(),
     }
 }
 
@@ -142,7 +157,7 @@ fn write_chain(out: &mut String, family: Family, c: &Chain) {
             "\t\ttype {} hook {} priority {}; policy accept;",
             b.kind.name(),
             b.hook.name(),
-            priority(b.kind, b.hook, b.priority)
+            priority(b.hook, b.priority)
         )
         .unwrap();
     }

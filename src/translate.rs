@@ -13,7 +13,7 @@
 //! - Filter chains reject Services with no endpoints and wrong ports on live
 //!   ClusterIPs, and drop traffic to unallocated addresses in the service CIDRs.
 
-use crate::model::{ClusterState, PortEndpoint, Service, ServicePort};
+use crate::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
 use crate::ruleset::{
     clamp_comment, BaseChain, Chain, ChainType, Element, Family, Field, Hook, KeyType, KeyValue,
     Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
@@ -27,8 +27,14 @@ pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
 pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const SET_HAIRPIN: &str = "hairpin";
+pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
+pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
+pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
 pub const CHAIN_SERVICES: &str = "services";
 pub const CHAIN_SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub const CHAIN_NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+pub const CHAIN_FIREWALL_CHECK: &str = "firewall-check";
 pub const CHAIN_CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
 pub const CHAIN_REJECT: &str = "reject-chain";
 
@@ -43,6 +49,39 @@ pub struct NodeConfig {
     /// Service CIDRs: traffic to an unallocated address in them is dropped.
     pub service_cidrs: Vec<IpNet>,
     pub masquerade_bit: u8,
+    /// Which of this node's addresses accept NodePort traffic.
+    pub nodeport_addresses: NodePortAddresses,
+    /// This node's interface addresses (read from the kernel by the caller), which
+    /// `--nodeport-addresses` CIDRs select from.
+    pub local_addresses: Vec<IpAddr>,
+}
+
+/// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
+/// nftables default) or the local addresses inside some CIDRs. Loopback never.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    #[default]
+    Primary,
+    Cidrs(Vec<IpNet>),
+}
+
+impl std::str::FromStr for NodePortAddresses {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim() == "primary" {
+            return Ok(NodePortAddresses::Primary);
+        }
+        s.split(',')
+            .map(|c| {
+                c.trim()
+                    .parse::<IpNet>()
+                    .map(|n| n.trunc())
+                    .map_err(|_| format!("{c:?} is neither a CIDR nor \"primary\""))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(NodePortAddresses::Cidrs)
+    }
 }
 
 impl Default for NodeConfig {
@@ -51,6 +90,8 @@ impl Default for NodeConfig {
             cluster_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            nodeport_addresses: NodePortAddresses::Primary,
+            local_addresses: Vec::new(),
         }
     }
 }
@@ -98,6 +139,23 @@ impl NodeConfig {
         1 << self.masquerade_bit
     }
 
+    /// The addresses NodePorts are served on, in one family.
+    pub fn nodeport_ips(&self, node: Option<&NodeInfo>, family: Family) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = match &self.nodeport_addresses {
+            NodePortAddresses::Primary => node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
+            NodePortAddresses::Cidrs(cidrs) => self
+                .local_addresses
+                .iter()
+                .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
+                .copied()
+                .collect(),
+        };
+        ips.retain(|a| Family::of(a) == family && !a.is_loopback());
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
     fn cidr(cidrs: &[IpNet], family: Family) -> Option<IpNet> {
         cidrs
             .iter()
@@ -138,18 +196,29 @@ fn short_hash(s: &str) -> String {
 const MAX_CHAIN_NAME: usize = 255;
 
 /// `svc-<hash>-ns/name/proto/port`: readable, and unique through the hash even
-/// when truncated.
+/// when truncated. The chain that picks among all (cluster) endpoints.
 pub fn service_chain_name(svc: &Service, port: &ServicePort) -> String {
+    port_chain_name("svc", svc, port)
+}
+
+/// `<kind>-<hash>-ns/name/proto/port`, the chains of one Service port.
+fn port_chain_name(kind: &str, svc: &Service, port: &ServicePort) -> String {
     let port_id = if port.name.is_empty() {
         port.port.to_string()
     } else {
         port.name.clone()
     };
-    let id = format!(
-        "{}/{}/{}/{}",
-        svc.key.namespace, svc.key.name, port.protocol, port_id
-    );
-    let mut name = format!("svc-{}-{id}", short_hash(&id));
+    chain_name(
+        kind,
+        &format!(
+            "{}/{}/{}/{}",
+            svc.key.namespace, svc.key.name, port.protocol, port_id
+        ),
+    )
+}
+
+fn chain_name(kind: &str, id: &str) -> String {
+    let mut name = format!("{kind}-{}-{id}", short_hash(id));
     if name.len() > MAX_CHAIN_NAME {
         let mut end = MAX_CHAIN_NAME;
         while !name.is_char_boundary(end) {
@@ -163,13 +232,100 @@ pub fn service_chain_name(svc: &Service, port: &ServicePort) -> String {
 /// Endpoints that receive new connections: the ready ones, or, when none is
 /// ready, the ones still serving while terminating (kube-proxy's fallback).
 pub fn usable_endpoints(eps: &[PortEndpoint]) -> Vec<&PortEndpoint> {
-    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.conditions.ready).collect();
+    usable(eps.iter())
+}
+
+fn usable<'a>(eps: impl Iterator<Item = &'a PortEndpoint> + Clone) -> Vec<&'a PortEndpoint> {
+    let ready: Vec<&PortEndpoint> = eps.clone().filter(|e| e.conditions.ready).collect();
     if !ready.is_empty() {
         return ready;
     }
-    eps.iter()
-        .filter(|e| e.conditions.serving && e.conditions.terminating)
+    eps.filter(|e| e.conditions.serving && e.conditions.terminating)
         .collect()
+}
+
+/// The endpoints of one Service port, as each traffic policy sees them.
+#[derive(Debug, Default)]
+pub struct Categorized<'a> {
+    /// For `Cluster` policies, topology hints applied.
+    pub cluster: Vec<&'a PortEndpoint>,
+    /// This node's, for `Local` policies.
+    pub local: Vec<&'a PortEndpoint>,
+    /// Whether the Service port has any usable endpoint anywhere.
+    pub has_any: bool,
+}
+
+/// Which topology hints apply on this node.
+enum Topology<'a> {
+    Any,
+    SameNode(&'a str),
+    SameZone(&'a str),
+}
+
+impl Topology<'_> {
+    fn allows(&self, e: &PortEndpoint) -> bool {
+        match self {
+            Topology::Any => true,
+            Topology::SameNode(n) => e.hints.for_nodes.iter().any(|h| h == n),
+            Topology::SameZone(z) => e.hints.for_zones.iter().any(|h| h == z),
+        }
+    }
+}
+
+/// kube-proxy's rules: hints count only when every ready endpoint has them, and
+/// some endpoint is hinted for this node (or zone); same-node before same-zone.
+fn topology<'a>(eps: &[PortEndpoint], node: Option<&'a NodeInfo>) -> Topology<'a> {
+    let Some(node) = node else {
+        return Topology::Any;
+    };
+    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.conditions.ready).collect();
+    let applies = |t: &Topology, hinted: fn(&PortEndpoint) -> bool| {
+        !ready.is_empty() && ready.iter().all(|e| hinted(e)) && ready.iter().any(|e| t.allows(e))
+    };
+    let same_node = Topology::SameNode(&node.name);
+    if applies(&same_node, |e| !e.hints.for_nodes.is_empty()) {
+        return same_node;
+    }
+    if let Some(zone) = &node.zone {
+        let same_zone = Topology::SameZone(zone);
+        if applies(&same_zone, |e| !e.hints.for_zones.is_empty()) {
+            return same_zone;
+        }
+    }
+    Topology::Any
+}
+
+/// kube-proxy's endpoint categorisation: cluster endpoints (ready, topology
+/// hints honoured, else serving-terminating), local ones (this node's ready,
+/// else its serving-terminating), and whether any endpoint is usable at all.
+pub fn categorize<'a>(
+    svc: &Service,
+    eps: &'a [PortEndpoint],
+    node: Option<&'a NodeInfo>,
+) -> Categorized<'a> {
+    let mut out = Categorized::default();
+    if svc.uses_cluster_endpoints() {
+        let topology = topology(eps, node);
+        out.cluster = eps
+            .iter()
+            .filter(|e| e.conditions.ready && topology.allows(e))
+            .collect();
+        if out.cluster.is_empty() {
+            out.cluster = eps
+                .iter()
+                .filter(|e| e.conditions.serving && e.conditions.terminating)
+                .collect();
+        }
+        out.has_any = !out.cluster.is_empty();
+    }
+    if svc.uses_local_endpoints() {
+        let is_local = |e: &&PortEndpoint| {
+            node.is_some_and(|n| e.node_name.as_deref() == Some(n.name.as_str()))
+        };
+        out.local = usable(eps.iter().filter(is_local));
+        out.has_any |= !usable_endpoints(eps).is_empty();
+    }
+    out
 }
 
 fn base(name: &str, kind: ChainType, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
@@ -205,6 +361,7 @@ fn set(name: &str, key: Vec<KeyType>, verdict_map: bool, comment: &str) -> Set {
 }
 
 const DISPATCH_KEY: [Field; 3] = [Field::Daddr, Field::L4Proto, Field::Dport];
+const NODEPORT_KEY: [Field; 2] = [Field::L4Proto, Field::Dport];
 
 fn jump(chain: &str) -> Stmt {
     Stmt::Verdict(Verdict::Jump(chain.to_string()))
@@ -215,17 +372,23 @@ fn jump(chain: &str) -> Stmt {
 pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
     let addr = family.addr_type();
     let dispatch_key = vec![addr, KeyType::InetProto, KeyType::InetService];
+    let nodeport_key = vec![KeyType::InetProto, KeyType::InetService];
     let mark = config.masquerade_mark();
     let new_conn_jump = |chain: &str| Rule::new(vec![Stmt::CtStateNew, jump(chain)]);
+    let in_set = |field: Field, set: &str| Stmt::InSet {
+        fields: vec![field],
+        set: set.into(),
+    };
+    let vmap = |fields: &[Field], map: &str| Stmt::Vmap {
+        fields: fields.to_vec(),
+        map: map.into(),
+    };
 
     let mut services = Vec::new();
     if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
         services.push(
             Rule::new(vec![
-                Stmt::InSet {
-                    fields: vec![Field::Daddr],
-                    set: SET_CLUSTER_IPS.into(),
-                },
+                in_set(Field::Daddr, SET_CLUSTER_IPS),
                 Stmt::AddrMatch {
                     field: Field::Saddr,
                     net: cidr,
@@ -236,19 +399,19 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
             .with_comment("masquerade traffic to ClusterIPs from outside the cluster"),
         );
     }
-    services.push(Rule::new(vec![Stmt::Vmap {
-        fields: DISPATCH_KEY.to_vec(),
-        map: MAP_SERVICE_IPS.into(),
-    }]));
+    services.push(Rule::new(vec![vmap(&DISPATCH_KEY, MAP_SERVICE_IPS)]));
+    services.push(Rule::new(vec![
+        in_set(Field::Daddr, SET_NODEPORT_IPS),
+        vmap(&NODEPORT_KEY, MAP_SERVICE_NODEPORTS),
+    ]));
 
-    let to_cluster_ip = || Stmt::InSet {
-        fields: vec![Field::Daddr],
-        set: SET_CLUSTER_IPS.into(),
-    };
     let mut cluster_ips_check = vec![
-        Rule::new(vec![to_cluster_ip(), Stmt::RejectTcpReset])
-            .with_comment("reject traffic to invalid ports of ClusterIPs"),
-        Rule::new(vec![to_cluster_ip(), Stmt::Reject]),
+        Rule::new(vec![
+            in_set(Field::Daddr, SET_CLUSTER_IPS),
+            Stmt::RejectTcpReset,
+        ])
+        .with_comment("reject traffic to invalid ports of ClusterIPs"),
+        Rule::new(vec![in_set(Field::Daddr, SET_CLUSTER_IPS), Stmt::Reject]),
     ];
     if let Some(cidr) = NodeConfig::cidr(&config.service_cidrs, family) {
         cluster_ips_check.push(
@@ -271,16 +434,40 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         sets: vec![
             set(SET_CLUSTER_IPS, vec![addr], false, "active ClusterIPs"),
             set(
+                SET_NODEPORT_IPS,
+                vec![addr],
+                false,
+                "this node's addresses that accept NodePort traffic",
+            ),
+            set(
                 MAP_SERVICE_IPS,
                 dispatch_key.clone(),
                 true,
-                "ClusterIP . protocol . port: the Service port's chain",
+                "ClusterIP, external IP or load balancer IP . protocol . port: the Service port's chain",
+            ),
+            set(
+                MAP_SERVICE_NODEPORTS,
+                nodeport_key.clone(),
+                true,
+                "protocol . NodePort: the Service port's external chain",
             ),
             set(
                 MAP_NO_ENDPOINT_SERVICES,
+                dispatch_key.clone(),
+                true,
+                "IP . protocol . port of Service ports with no (local) endpoints",
+            ),
+            set(
+                MAP_NO_ENDPOINT_NODEPORTS,
+                nodeport_key,
+                true,
+                "protocol . NodePort of Service ports with no (local) endpoints",
+            ),
+            set(
+                MAP_FIREWALL_IPS,
                 dispatch_key,
                 true,
-                "ClusterIP . protocol . port of Service ports with no endpoints",
+                "load balancer IP . protocol . port: the Service's source-range firewall",
             ),
             set(
                 SET_HAIRPIN,
@@ -324,6 +511,25 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                     ]),
                 ],
             ),
+            // Before DNAT: the load balancer IP is still the destination.
+            base(
+                "filter-prerouting",
+                ChainType::Filter,
+                Hook::Prerouting,
+                -110,
+                vec![new_conn_jump(CHAIN_FIREWALL_CHECK)],
+            ),
+            // What reaches these after DNAT was not DNATed: no (local) endpoints.
+            base(
+                "filter-input",
+                ChainType::Filter,
+                Hook::Input,
+                -110,
+                vec![
+                    new_conn_jump(CHAIN_NODEPORT_ENDPOINTS_CHECK),
+                    new_conn_jump(CHAIN_SERVICE_ENDPOINTS_CHECK),
+                ],
+            ),
             base(
                 "filter-forward",
                 ChainType::Filter,
@@ -339,23 +545,34 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 ChainType::Filter,
                 Hook::Output,
                 -110,
-                vec![new_conn_jump(CHAIN_SERVICE_ENDPOINTS_CHECK)],
+                vec![new_conn_jump(CHAIN_FIREWALL_CHECK)],
             ),
-            // After DNAT: what still goes to a ClusterIP matched no Service port.
             base(
                 "filter-output-post-dnat",
                 ChainType::Filter,
                 Hook::Output,
                 -90,
-                vec![new_conn_jump(CHAIN_CLUSTER_IPS_CHECK)],
+                vec![
+                    new_conn_jump(CHAIN_SERVICE_ENDPOINTS_CHECK),
+                    new_conn_jump(CHAIN_NODEPORT_ENDPOINTS_CHECK),
+                    new_conn_jump(CHAIN_CLUSTER_IPS_CHECK),
+                ],
             ),
             regular(CHAIN_SERVICES, services),
             regular(
                 CHAIN_SERVICE_ENDPOINTS_CHECK,
-                vec![Rule::new(vec![Stmt::Vmap {
-                    fields: DISPATCH_KEY.to_vec(),
-                    map: MAP_NO_ENDPOINT_SERVICES.into(),
-                }])],
+                vec![Rule::new(vec![vmap(&DISPATCH_KEY, MAP_NO_ENDPOINT_SERVICES)])],
+            ),
+            regular(
+                CHAIN_NODEPORT_ENDPOINTS_CHECK,
+                vec![Rule::new(vec![
+                    in_set(Field::Daddr, SET_NODEPORT_IPS),
+                    vmap(&NODEPORT_KEY, MAP_NO_ENDPOINT_NODEPORTS),
+                ])],
+            ),
+            regular(
+                CHAIN_FIREWALL_CHECK,
+                vec![Rule::new(vec![vmap(&DISPATCH_KEY, MAP_FIREWALL_IPS)])],
             ),
             regular(CHAIN_CLUSTER_IPS_CHECK, cluster_ips_check),
             // TCP gets a reset: ICMP errors are rate-limited (a burst of 6, then one
@@ -475,11 +692,131 @@ pub struct ServiceRules {
     pub hairpin: Vec<IpAddr>,
 }
 
+fn element(key: Vec<KeyValue>, verdict: Option<Verdict>, comment: &str) -> Element {
+    Element {
+        key,
+        verdict,
+        comment: Some(clamp_comment(comment)),
+    }
+}
+
+fn nodeport_key(port: &ServicePort, node_port: u16) -> Vec<KeyValue> {
+    vec![KeyValue::Proto(port.protocol), KeyValue::Port(node_port)]
+}
+
+/// The source-range firewall of a load balancer: listed sources return to the
+/// caller (`firewall-check`), every other source is dropped.
+fn firewall_chain(name: String, svc: &Service, ranges: &[IpNet]) -> Chain {
+    let mut rules: Vec<Rule> = ranges
+        .iter()
+        .map(|r| {
+            Rule::new(vec![
+                Stmt::AddrMatch {
+                    field: Field::Saddr,
+                    net: *r,
+                    negate: false,
+                },
+                Stmt::Verdict(Verdict::Return),
+            ])
+        })
+        .collect();
+    rules.push(
+        Rule::new(vec![Stmt::Verdict(Verdict::Drop)])
+            .with_comment("source outside loadBalancerSourceRanges"),
+    );
+    Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(&svc.key.to_string())),
+        rules,
+    }
+}
+
+/// The endpoint-picking chains of one Service port, by traffic policy.
+struct PolicyChains {
+    cluster: Option<String>,
+    local: Option<String>,
+}
+
+impl PolicyChains {
+    fn internal(&self, svc: &Service) -> Option<&str> {
+        if svc.internal_policy_local {
+            self.local.as_deref()
+        } else {
+            self.cluster.as_deref()
+        }
+    }
+
+    fn external(&self, svc: &Service) -> Option<&str> {
+        if svc.external_policy_local {
+            self.local.as_deref()
+        } else {
+            self.cluster.as_deref()
+        }
+    }
+}
+
+/// The chain external traffic (NodePorts, external IPs, load balancer IPs) enters.
+/// With `externalTrafficPolicy: Cluster` it is masqueraded and may go anywhere.
+/// With `Local`, clients outside the node keep their source address and reach only
+/// this node's endpoints, while pods and the node itself are served like internal
+/// traffic (kube-proxy's short-circuit) so the Service works from everywhere.
+fn external_chain(
+    name: String,
+    label: &str,
+    svc: &Service,
+    config: &NodeConfig,
+    family: Family,
+    chains: &PolicyChains,
+) -> Option<Chain> {
+    let internal = chains.internal(svc);
+    let (local, cluster) = (chains.local.as_deref(), chains.cluster.as_deref());
+    let mark = config.masquerade_mark();
+    let goto = |c: &str| Stmt::Verdict(Verdict::Goto(c.to_string()));
+    let mut rules = Vec::new();
+    if !svc.external_policy_local {
+        let cluster = cluster?;
+        rules.push(Rule::new(vec![Stmt::MarkOr(mark)]));
+        rules.push(Rule::new(vec![goto(cluster)]));
+    } else {
+        if let Some(internal) = internal {
+            if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
+                rules.push(
+                    Rule::new(vec![
+                        Stmt::AddrMatch {
+                            field: Field::Saddr,
+                            net: cidr,
+                            negate: false,
+                        },
+                        goto(internal),
+                    ])
+                    .with_comment("pods reach the Service like internal traffic"),
+                );
+            }
+            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, Stmt::MarkOr(mark)]));
+            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, goto(internal)]));
+        }
+        if let Some(local) = local {
+            rules.push(Rule::new(vec![goto(local)]));
+        }
+    }
+    if rules.is_empty() {
+        return None;
+    }
+    Some(Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(label)),
+        rules,
+    })
+}
+
 /// The chains and elements of one Service in one family.
 pub fn service_rules(
     state: &ClusterState,
     svc: &Service,
     family: Family,
+    config: &NodeConfig,
     hints: &dyn SlotHints,
 ) -> ServiceRules {
     let mut out = ServiceRules::default();
@@ -491,14 +828,33 @@ pub fn service_rules(
     else {
         return out;
     };
+    let node = state.node.as_ref();
+    let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+        ips.iter()
+            .copied()
+            .filter(|ip| Family::of(ip) == family)
+            .collect()
+    };
+    let external_ips = of_family(&svc.external_ips);
+    let lb_ips = of_family(&svc.load_balancer_ips);
+    let ranges: Vec<IpNet> = svc
+        .source_ranges
+        .iter()
+        .copied()
+        .filter(|r| Family::of_net(r) == family)
+        .collect();
     out.elements.push((
         SET_CLUSTER_IPS,
-        Element {
-            key: vec![KeyValue::Addr(vip)],
-            verdict: None,
-            comment: Some(clamp_comment(&svc.key.to_string())),
-        },
+        element(vec![KeyValue::Addr(vip)], None, &svc.key.to_string()),
     ));
+    let firewall = (!lb_ips.is_empty() && !ranges.is_empty()).then(|| {
+        let name = chain_name(
+            "firewall",
+            &format!("{}/{}", svc.key.namespace, svc.key.name),
+        );
+        out.chains.push(firewall_chain(name.clone(), svc, &ranges));
+        name
+    });
     for port in &svc.ports {
         let label = svc.port_label(port);
         let in_family: Vec<PortEndpoint> = state
@@ -506,36 +862,135 @@ pub fn service_rules(
             .into_iter()
             .filter(|e| Family::of(&e.addr) == family)
             .collect();
-        let usable = usable_endpoints(&in_family);
-        let comment = Some(clamp_comment(&label));
-        if usable.is_empty() {
-            out.elements.push((
+        let eps = categorize(svc, &in_family, node);
+        let mut policy_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
+            if chosen.is_empty() {
+                return None;
+            }
+            let name = port_chain_name(kind, svc, port);
+            let slots = assign_slots(hints.slots(family, &name), chosen);
+            out.hairpin.extend(chosen.iter().map(|e| e.addr));
+            out.chains
+                .push(service_port_chain(name.clone(), &label, port, &slots));
+            Some(name)
+        };
+        let chains = PolicyChains {
+            cluster: policy_chain("svc", &eps.cluster),
+            local: policy_chain("local", &eps.local),
+        };
+        // What happens to traffic no chain DNATs: no endpoints at all is refused
+        // at once; endpoints only elsewhere (a Local policy) is dropped.
+        let unserved = |target: Option<&str>| match (eps.has_any, target) {
+            (false, _) => Some(Verdict::Goto(CHAIN_REJECT.into())),
+            (true, None) => Some(Verdict::Drop),
+            (true, Some(_)) => None,
+        };
+
+        let vip_key = dispatch_key(vip, port);
+        let internal = chains.internal(svc);
+        match internal {
+            Some(chain) => out.elements.push((
+                MAP_SERVICE_IPS,
+                element(vip_key, Some(Verdict::Goto(chain.to_string())), &label),
+            )),
+            None => out.elements.push((
                 MAP_NO_ENDPOINT_SERVICES,
-                Element {
-                    key: dispatch_key(vip, port),
-                    verdict: Some(Verdict::Goto(CHAIN_REJECT.into())),
-                    comment,
-                },
-            ));
+                element(vip_key, unserved(internal), &label),
+            )),
+        }
+
+        let external_keys: Vec<Vec<KeyValue>> = external_ips
+            .iter()
+            .chain(&lb_ips)
+            .map(|ip| dispatch_key(*ip, port))
+            .collect();
+        if external_keys.is_empty() && port.node_port.is_none() {
             continue;
         }
-        let chain_name = service_chain_name(svc, port);
-        let slots = assign_slots(hints.slots(family, &chain_name), &usable);
-        out.elements.push((
-            MAP_SERVICE_IPS,
-            Element {
-                key: dispatch_key(vip, port),
-                verdict: Some(Verdict::Goto(chain_name.clone())),
-                comment,
-            },
-        ));
-        out.hairpin.extend(usable.iter().map(|e| e.addr));
-        out.chains
-            .push(service_port_chain(chain_name, &label, port, &slots));
+        let external_chain = if eps.has_any {
+            external_chain(
+                port_chain_name("external", svc, port),
+                &label,
+                svc,
+                config,
+                family,
+                &chains,
+            )
+        } else {
+            None
+        };
+        let unserved = unserved(chains.external(svc));
+        for key in external_keys {
+            if let Some(chain) = &external_chain {
+                out.elements.push((
+                    MAP_SERVICE_IPS,
+                    element(key.clone(), Some(Verdict::Goto(chain.name.clone())), &label),
+                ));
+            }
+            if let Some(v) = &unserved {
+                out.elements.push((
+                    MAP_NO_ENDPOINT_SERVICES,
+                    element(key, Some(v.clone()), &label),
+                ));
+            }
+        }
+        if let Some(node_port) = port.node_port {
+            if let Some(chain) = &external_chain {
+                out.elements.push((
+                    MAP_SERVICE_NODEPORTS,
+                    element(
+                        nodeport_key(port, node_port),
+                        Some(Verdict::Goto(chain.name.clone())),
+                        &label,
+                    ),
+                ));
+            }
+            if let Some(v) = &unserved {
+                out.elements.push((
+                    MAP_NO_ENDPOINT_NODEPORTS,
+                    element(nodeport_key(port, node_port), Some(v.clone()), &label),
+                ));
+            }
+        }
+        if let Some(fw) = &firewall {
+            for ip in &lb_ips {
+                out.elements.push((
+                    MAP_FIREWALL_IPS,
+                    element(
+                        dispatch_key(*ip, port),
+                        Some(Verdict::Jump(fw.clone())),
+                        &label,
+                    ),
+                ));
+            }
+        }
+        out.chains.extend(external_chain);
     }
     out.hairpin.sort();
     out.hairpin.dedup();
     out
+}
+
+/// The node's own elements: the addresses NodePorts are served on.
+pub fn node_elements(
+    state: &ClusterState,
+    config: &NodeConfig,
+    family: Family,
+) -> Vec<(&'static str, Element)> {
+    config
+        .nodeport_ips(state.node.as_ref(), family)
+        .into_iter()
+        .map(|ip| {
+            (
+                SET_NODEPORT_IPS,
+                Element {
+                    key: vec![KeyValue::Addr(ip)],
+                    verdict: None,
+                    comment: None,
+                },
+            )
+        })
+        .collect()
 }
 
 pub fn hairpin_element(addr: IpAddr) -> Element {
@@ -555,8 +1010,11 @@ fn table_for(
     let mut table = skeleton(family, config);
     let mut elements: BTreeMap<&str, Vec<Element>> = BTreeMap::new();
     let mut hairpin = BTreeSet::new();
+    for (set, e) in node_elements(state, config, family) {
+        elements.entry(set).or_default().push(e);
+    }
     for svc in state.services.values() {
-        let rules = service_rules(state, svc, family, hints);
+        let rules = service_rules(state, svc, family, config, hints);
         for (set, e) in rules.elements {
             elements.entry(set).or_default().push(e);
         }
@@ -624,7 +1082,9 @@ mod tests {
                 protocol: Protocol::Tcp,
                 port: 80,
                 target_port: TargetPort::Number(9376),
+                node_port: None,
             }],
+            ..Service::default()
         };
         state.services.insert(svc.key.clone(), svc);
         for family in Family::ALL {
@@ -636,6 +1096,7 @@ mod tests {
                     conditions: *c,
                     node_name: None,
                     zone: None,
+                    hints: Default::default(),
                 })
                 .collect();
             state.slices.entry(key(name)).or_default().insert(
@@ -783,15 +1244,16 @@ mod tests {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             service_cidrs: vec!["10.0.0.0/16".parse().unwrap()],
             masquerade_bit: 14,
+            ..NodeConfig::default()
         };
         let v4 = skeleton(Family::Ip, &config);
         let services = v4.chain(CHAIN_SERVICES).unwrap();
-        assert_eq!(services.rules.len(), 2);
+        assert_eq!(services.rules.len(), 3);
         assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
         assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 3);
         // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
         let v6 = skeleton(Family::Ip6, &config);
-        assert_eq!(v6.chain(CHAIN_SERVICES).unwrap().rules.len(), 1);
+        assert_eq!(v6.chain(CHAIN_SERVICES).unwrap().rules.len(), 2);
         assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
     }
 
@@ -834,6 +1296,7 @@ mod tests {
             conditions: READY,
             node_name: None,
             zone: None,
+            hints: Default::default(),
         }
     }
 
@@ -881,14 +1344,14 @@ mod tests {
     fn chain_names_are_stable_and_bounded() {
         let mut svc = Service {
             key: key("web"),
-            cluster_ips: vec![],
-            ports: vec![],
+            ..Service::default()
         };
         let port = ServicePort {
             name: String::new(),
             protocol: Protocol::Udp,
             port: 53,
             target_port: TargetPort::Number(53),
+            node_port: None,
         };
         let a = service_chain_name(&svc, &port);
         assert_eq!(a, service_chain_name(&svc, &port));
@@ -911,6 +1374,7 @@ mod template_tests {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            ..NodeConfig::default()
         };
         let body: String = template
             .lines()

@@ -29,6 +29,7 @@ pub fn bench_config() -> NodeConfig {
         cluster_cidrs: vec!["10.128.0.0/9".parse().unwrap()],
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         masquerade_bit: 14,
+        ..NodeConfig::default()
     }
 }
 
@@ -57,6 +58,7 @@ pub fn ready(addr: IpAddr) -> Endpoint {
         },
         node_name: None,
         zone: None,
+        hints: Default::default(),
     }
 }
 
@@ -69,7 +71,9 @@ pub fn bench_service(i: usize) -> Service {
             protocol: Protocol::Tcp,
             port: 80,
             target_port: TargetPort::Number(8080),
+            node_port: None,
         }],
+        ..Service::default()
     }
 }
 

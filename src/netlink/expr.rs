@@ -60,6 +60,10 @@ pub enum CmpOp {
 
 /// nf_nat_range flags we use.
 pub const NAT_PROTO_SPECIFIED: u32 = 0x2;
+/// `NFT_FIB_RESULT_ADDRTYPE`: the route type of the looked-up address.
+pub const FIB_RESULT_ADDRTYPE: u32 = 3;
+/// `NFTA_FIB_F_SADDR`: look up the source address.
+pub const FIB_F_SADDR: u32 = 1;
 pub const NAT_MAP_IPS: u32 = 0x1;
 pub const NAT_RANDOM_FULLY: u32 = 0x10;
 
@@ -126,6 +130,12 @@ pub enum Expr {
     Reject {
         kind: u32,
         code: u8,
+    },
+    /// `fib` lookup; kube-nft uses the address type of the source.
+    Fib {
+        dreg: u32,
+        result: u32,
+        flags: u32,
     },
     /// `ct state` loaded into a register.
     CtState {
@@ -234,6 +244,7 @@ impl Expr {
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
             Expr::CtState { .. } => "ct",
+            Expr::Fib { .. } => "fib",
             Expr::Counter { .. } => "counter",
             Expr::Other(name) => name,
         }
@@ -340,6 +351,15 @@ impl Expr {
                 w.put_u32(2, 0);
                 w.put_u32(1, *dreg);
             }
+            Expr::Fib {
+                dreg,
+                result,
+                flags,
+            } => {
+                w.put_u32(1, *dreg);
+                w.put_u32(2, *result);
+                w.put_u32(3, *flags);
+            }
             Expr::Counter { packets, bytes } => {
                 w.put_u64(1, *bytes);
                 w.put_u64(2, *packets);
@@ -380,6 +400,7 @@ impl Expr {
             "masq" => "masq",
             "reject" => "reject",
             "ct" => "ct",
+            "fib" => "fib",
             "counter" => "counter",
             _ => return Ok(Expr::Other(name)),
         };
@@ -461,6 +482,11 @@ impl Expr {
             "reject" => Expr::Reject {
                 kind: u(1)?,
                 code: Payload::new(ctx, 2, f.get(2).unwrap_or(&[0])).u8()?,
+            },
+            "fib" => Expr::Fib {
+                dreg: u(1)?,
+                result: u(2)?,
+                flags: u(3)?,
             },
             "ct" if u(2)? == 0 && f.get(1).is_some() && f.get(3).is_none() => {
                 Expr::CtState { dreg: u(1)? }
@@ -591,6 +617,11 @@ mod tests {
             dreg: 1,
             modulus: 3,
         });
+        round_trip(Expr::Fib {
+            dreg: 1,
+            result: FIB_RESULT_ADDRTYPE,
+            flags: FIB_F_SADDR,
+        });
         round_trip(Expr::Dnat {
             family: 2,
             addr_reg: 1,
@@ -620,10 +651,10 @@ mod tests {
     #[test]
     fn unknown_expressions_are_kept_by_name() {
         let mut w = AttrWriter::new();
-        Expr::Other("fib".into()).emit(&mut w);
+        Expr::Other("osf".into()).emit(&mut w);
         assert_eq!(
             parse_list(&w.into_bytes()).unwrap(),
-            vec![Expr::Other("fib".into())]
+            vec![Expr::Other("osf".into())]
         );
     }
 }

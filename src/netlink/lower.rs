@@ -6,8 +6,8 @@
 //! `Kernel*` types, which is what makes desired and actual comparable.
 
 use super::expr::{
-    reg32, CmpOp, Data, Expr, MetaKey, PayloadBase, NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1,
-    REG_2, REG_VERDICT,
+    reg32, CmpOp, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
+    NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1, REG_2, REG_VERDICT,
 };
 use crate::ruleset::{
     BaseChain, Chain, Element, Family, Field, KeyType, KeyValue, Rule, Set, Stmt, Table, Verdict,
@@ -403,6 +403,15 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 xor: vec![0; 4],
             });
             out.push(cmp(CmpOp::Neq, vec![0; 4]));
+        }
+        Stmt::FibSaddrLocal => {
+            const RTN_LOCAL: u32 = 2;
+            out.push(Expr::Fib {
+                dreg: REG_1,
+                result: FIB_RESULT_ADDRTYPE,
+                flags: FIB_F_SADDR,
+            });
+            out.push(cmp(CmpOp::Eq, RTN_LOCAL.to_ne_bytes().to_vec()));
         }
         Stmt::MarkHas(m) => {
             out.push(Expr::Meta {

@@ -9,8 +9,10 @@ pub mod attr;
 pub mod diff;
 pub mod expr;
 pub mod lower;
+pub mod message;
 pub mod monitor;
 pub mod nftables;
+pub mod route;
 pub mod view;
 
 pub use lower::{lower_table, KernelTable};

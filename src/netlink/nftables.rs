@@ -10,22 +10,17 @@ use super::expr::{
     parse_data, parse_list, write_verdict, Data, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
 };
 use super::lower::{KernelChain, KernelElement, KernelRule, KernelSet, KernelTable};
+use super::message::{
+    exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, Refusal, NLMSG_ERROR,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
 use crate::ruleset::{BaseChain, ChainType, Family, Hook};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use std::io;
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
-/// Set on an error message that carries extended-ack TLVs after the request header.
-const NLM_F_ACK_TLVS: u16 = 0x200;
-const NLMSGERR_ATTR_MSG: u16 = 1;
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 16;
@@ -69,6 +64,16 @@ pub enum NftError {
     Parse(#[from] ParseError),
 }
 
+impl From<Refusal> for NftError {
+    fn from(r: Refusal) -> Self {
+        NftError::Refused {
+            what: "answer a request".into(),
+            source: r.source,
+            detail: r.detail,
+        }
+    }
+}
+
 /// One nf_tables transaction being built.
 pub struct Batch {
     buf: Vec<u8>,
@@ -86,7 +91,8 @@ impl Default for Batch {
     }
 }
 
-fn put_header(
+/// A netfilter message header: nlmsghdr, then nfgenmsg.
+pub(crate) fn put_header(
     buf: &mut Vec<u8>,
     kind: u16,
     flags: u16,
@@ -94,21 +100,11 @@ fn put_header(
     family: u8,
     res_id: u16,
 ) -> usize {
-    let at = buf.len();
-    buf.extend_from_slice(&0u32.to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(&flags.to_ne_bytes());
-    buf.extend_from_slice(&seq.to_ne_bytes());
-    buf.extend_from_slice(&0u32.to_ne_bytes());
+    let at = put_nlmsghdr(buf, kind, flags, seq);
     buf.push(family);
     buf.push(0); // NFNETLINK_V0
     buf.extend_from_slice(&res_id.to_be_bytes());
     at
-}
-
-fn finish_msg(buf: &mut [u8], at: usize) {
-    let len = (buf.len() - at) as u32;
-    buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
 }
 
 impl Batch {
@@ -475,55 +471,6 @@ pub struct NftSocket {
 
 const RX_BUFFER: usize = 1 << 20;
 
-struct NlMsg<'a> {
-    kind: u16,
-    flags: u16,
-    seq: u32,
-    payload: &'a [u8],
-}
-
-fn split_messages(buf: &[u8]) -> Result<Vec<NlMsg<'_>>, ParseError> {
-    let mut out = Vec::new();
-    let mut rest = buf;
-    while rest.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-        if len < NLMSG_HDRLEN || len > rest.len() {
-            return Err(ParseError::Truncated);
-        }
-        out.push(NlMsg {
-            kind: u16::from_ne_bytes([rest[4], rest[5]]),
-            flags: u16::from_ne_bytes([rest[6], rest[7]]),
-            seq: u32::from_ne_bytes(rest[8..12].try_into().unwrap()),
-            payload: &rest[NLMSG_HDRLEN..len],
-        });
-        rest = &rest[super::attr::align4(len).min(rest.len())..];
-    }
-    Ok(out)
-}
-
-/// An NLMSG_ERROR payload: the errno (0 for an ack) and the extended-ack message.
-fn parse_error(msg: &NlMsg) -> (i32, Option<String>) {
-    let p = msg.payload;
-    if p.len() < 4 {
-        return (-libc_eproto(), None);
-    }
-    let errno = i32::from_ne_bytes(p[0..4].try_into().unwrap());
-    let mut detail = None;
-    if msg.flags & NLM_F_ACK_TLVS != 0 && p.len() >= 4 + NLMSG_HDRLEN {
-        // With NETLINK_CAP_ACK only the request's header is echoed; TLVs follow it.
-        for (k, v) in Attrs::new(&p[4 + NLMSG_HDRLEN..]).flatten() {
-            if k == NLMSGERR_ATTR_MSG {
-                detail = Payload::new("extack", k, v).string().ok();
-            }
-        }
-    }
-    (errno, detail)
-}
-
-fn libc_eproto() -> i32 {
-    71
-}
-
 impl NftSocket {
     pub fn open() -> io::Result<Self> {
         let mut sock = Socket::new(NETLINK_NETFILTER)?;
@@ -632,30 +579,21 @@ impl NftSocket {
         body(&mut w);
         let mut buf = w.into_bytes();
         finish_msg(&mut buf, at);
-        self.sock.send(&buf, 0)?;
         let NftSocket { sock, rx } = self;
-        loop {
-            rx.clear();
-            sock.recv(rx, 0)?;
-            for msg in split_messages(rx)? {
-                match msg.kind {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let (errno, detail) = parse_error(&msg);
-                        if errno == 0 {
-                            return Ok(());
-                        }
-                        return Err(NftError::Refused {
-                            what: format!("dump {} objects", family.keyword()),
-                            source: io::Error::from_raw_os_error(-errno),
-                            detail,
-                        });
-                    }
-                    _ if msg.payload.len() >= 4 => each(&msg.payload[4..])?,
-                    _ => {}
-                }
+        exchange(sock, rx, &buf, |msg| {
+            if msg.payload.len() >= 4 {
+                each(&msg.payload[4..])?;
             }
-        }
+            Ok(())
+        })
+        .map_err(|e| match e {
+            NftError::Refused { source, detail, .. } => NftError::Refused {
+                what: format!("dump {} objects", family.keyword()),
+                source,
+                detail,
+            },
+            e => e,
+        })
     }
 
     /// Whether the named table exists, and with what userdata.
