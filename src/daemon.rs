@@ -5,11 +5,13 @@
 //! so a burst of changes becomes one transaction. A failed sync leaves the previous
 //! ruleset in place and is retried with backoff, as a full sync.
 
+use crate::healthcheck::{self, HealthServers};
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind};
 use crate::ruleset::TABLE_NAME;
 use crate::source::files;
+use crate::stale_flows::StaleFlowCleaner;
 use crate::translate::{NodeConfig, NodePortAddresses};
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -89,9 +91,11 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
     let mut proxier = Proxier::new(opts.config.clone())
         .map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
     load(&opts, &mut proxier)?;
+    let mut flows = StaleFlowCleaner::default();
     if opts.once {
         let r = proxier.sync().map_err(|e| e.to_string())?;
         log_sync(&r);
+        clean_flows(&mut flows, &proxier);
         return Ok(());
     }
 
@@ -127,6 +131,7 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
         ),
     }
 
+    let health = HealthServers::start();
     let mut last_sync: Option<Instant> = None;
     let mut last_full = Instant::now();
     let mut retry_at: Option<Instant> = None;
@@ -142,12 +147,15 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
             .max(retry_at.unwrap_or(now));
         if proxier.pending() && now >= earliest {
             last_sync = Some(now);
-            match proxier.sync() {
+            let result = proxier.sync();
+            health.update(healthcheck::wanted(proxier.state()), result.is_ok());
+            match result {
                 Ok(r) => {
                     if r.kind == SyncKind::Full {
                         last_full = now;
                     }
                     log_sync(&r);
+                    clean_flows(&mut flows, &proxier);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                 }
@@ -181,6 +189,14 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return Err("event sources stopped".into()),
         }
+    }
+}
+
+fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier) {
+    match cleaner.after_sync(proxier.state(), proxier.config()) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
+        Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),
     }
 }
 

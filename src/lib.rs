@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod daemon;
+pub mod healthcheck;
 pub mod lab;
 pub mod model;
 pub mod netlink;
@@ -15,5 +16,6 @@ pub mod netns;
 pub mod proxy;
 pub mod ruleset;
 pub mod source;
+pub mod stale_flows;
 pub mod text;
 pub mod translate;

@@ -69,16 +69,18 @@ fn serve_tcp(listener: TcpListener, name: &str, stop: &AtomicBool) {
         if !matches!(poll(&mut fds, Some(&wake)), Ok(n) if n > 0) {
             continue;
         }
-        if let Ok((conn, _)) = listener.accept() {
+        if let Ok((conn, peer)) = listener.accept() {
             let name = name.to_string();
             std::thread::spawn(move || {
-                let _ = answer_http(conn, &name);
+                let _ = answer_http(conn, &name, peer);
             });
         }
     }
 }
 
-fn answer_http(mut conn: TcpStream, name: &str) -> io::Result<()> {
+/// Answers `GET /client` with the client's address as seen here (to check source
+/// address preservation), and anything else with the pod's name.
+fn answer_http(mut conn: TcpStream, name: &str, peer: SocketAddr) -> io::Result<()> {
     conn.set_nonblocking(false)?;
     // Long enough for a test to hold a connection open across a proxy restart.
     conn.set_read_timeout(Some(Duration::from_secs(20)))?;
@@ -91,7 +93,11 @@ fn answer_http(mut conn: TcpStream, name: &str) -> io::Result<()> {
             Ok(n) => req.extend_from_slice(&buf[..n]),
         }
     }
-    let body = format!("{name}\n");
+    let body = if req.starts_with(b"GET /client ") {
+        format!("{}\n", peer.ip().to_canonical())
+    } else {
+        format!("{name}\n")
+    };
     write!(
         conn,
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -111,10 +117,14 @@ fn serve_udp(sock: UdpSocket, name: &str, stop: &AtomicBool) {
 
 /// One HTTP request; returns the body (the pod's name), trimmed.
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
+    http_get_path(addr, "/", timeout)
+}
+
+pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<String> {
     let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
     conn.set_read_timeout(Some(timeout))?;
     conn.set_write_timeout(Some(timeout))?;
-    write!(conn, "GET / HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut resp = String::new();
     conn.read_to_string(&mut resp)?;
     let (head, body) = resp

@@ -6,6 +6,7 @@
 //! picture of what the kernel holds, and `diff` plans the transaction between the two.
 
 pub mod attr;
+pub mod conntrack;
 pub mod diff;
 pub mod expr;
 pub mod lower;
