@@ -132,19 +132,23 @@ pub fn kube_nft_in(ns: &str, args: &[&str]) -> Output {
 
 /// `kube-nft run --once` in the node namespace with the test CIDRs; asserts success.
 pub fn sync_once(ns: &str, manifests: &Path) -> Output {
-    let out = kube_nft_in(
-        ns,
-        &[
-            "run",
-            "--once",
-            "--manifests",
-            manifests.to_str().unwrap(),
-            "--cluster-cidr",
-            CLUSTER_CIDRS,
-            "--service-cidr",
-            SERVICE_CIDRS,
-        ],
-    );
+    sync_once_with(ns, manifests, &[])
+}
+
+/// The same, with more flags.
+pub fn sync_once_with(ns: &str, manifests: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "run",
+        "--once",
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--cluster-cidr",
+        CLUSTER_CIDRS,
+        "--service-cidr",
+        SERVICE_CIDRS,
+    ];
+    args.extend_from_slice(extra);
+    let out = kube_nft_in(ns, &args);
     assert!(
         out.status.success(),
         "kube-nft run --once failed: {}",
@@ -200,8 +204,12 @@ impl Cluster {
 
     /// Writes the manifests and syncs them into the node namespace.
     pub fn apply(&self, manifests: &str) -> Output {
+        self.apply_with(manifests, &[])
+    }
+
+    pub fn apply_with(&self, manifests: &str, extra: &[&str]) -> Output {
         let path = self.scratch.write("manifests.yaml", manifests);
-        sync_once(self.node(), &path)
+        sync_once_with(self.node(), &path, extra)
     }
 }
 

@@ -203,7 +203,9 @@ impl ConntrackSocket {
         write_tuple(&mut w, CTA_TUPLE_ORIG, &flow.original);
         let mut req = w.into_bytes();
         finish_msg(&mut req, at);
-        match exchange(&self.sock, &mut self.rx, &req, |_| Ok::<(), ConntrackError>(())) {
+        match exchange(&self.sock, &mut self.rx, &req, |_| {
+            Ok::<(), ConntrackError>(())
+        }) {
             Err(ConntrackError::Refused(r)) if r.source.raw_os_error() == Some(2) => Ok(()),
             other => other,
         }

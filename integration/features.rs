@@ -1,0 +1,481 @@
+//! Every kind of Service traffic kube-proxy handles, proven with real packets in
+//! namespaces: NodePorts, external and load balancer IPs with source ranges, both
+//! traffic policies with the health-check server, topology hints, terminating
+//! endpoints, the Services a proxy leaves alone, and UDP flows moving off an
+//! endpoint that left. Clients: outside the node, on the node, and in a pod.
+
+mod common;
+
+use common::*;
+use kube_nft::lab::hostname_server::http_get_path;
+use kube_nft::lab::topology::{CLIENT_V4, GATEWAY_V4, UPLINK_V4};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-a";
+const PODS: [(&str, &[&str]); 3] = [
+    ("pod-a", &["10.244.1.10"]),
+    ("pod-b", &["10.244.1.11"]),
+    ("pod-c", &["10.244.1.12"]),
+];
+
+/// This node's Node object: its primary IP is the uplink address.
+fn node_object(zone: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}, labels: {{topology.kubernetes.io/zone: {zone}}}}}\nstatus: {{addresses: [{{type: InternalIP, address: {UPLINK_V4}}}]}}\n"
+    )
+}
+
+/// A Service from its spec lines (and status), ports `http` TCP 80 and `dns` UDP 53.
+fn svc(name: &str, spec: &str, status: &str) -> String {
+    format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n{spec}\nstatus: {{{status}}}\n")
+}
+
+/// An endpoint line of a slice: address, node, and extra fields (conditions, hints).
+fn ep(addr: &str, node: &str, extra: &str) -> String {
+    format!("- {{addresses: [{addr}], nodeName: {node}{extra}}}\n")
+}
+
+/// A slice for `svc`'s ports, with the endpoints given as `ep` lines.
+fn eps(service: &str, endpoints: &[String]) -> String {
+    format!("---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-a, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: http, port: 9376}}, {{name: dns, protocol: UDP, port: 9376}}]\nendpoints:\n{}", endpoints.concat())
+}
+
+fn node_flag() -> [&'static str; 2] {
+    ["--node-name", NODE]
+}
+
+/// Every request answered, by exactly these pods.
+fn assert_only(t: &Tally, pods: &[&str]) {
+    assert!(t.errors.is_empty(), "failed requests: {:?}", t.errors);
+    let got: Vec<&str> = t.answers.keys().map(String::as_str).collect();
+    assert_eq!(got, pods, "answers: {:?}", t.answers);
+}
+
+fn node_port(port: u16) -> String {
+    format!("{UPLINK_V4}:{port}")
+}
+
+/// A connection attempt that must be dropped: no answer, not even a refusal.
+fn assert_dropped(ns: &str, target: &str) {
+    let (err, _) = connect_error(ns, target, Duration::from_millis(1500));
+    assert_eq!(err, Some(ErrorKind::TimedOut), "{target} from {ns}");
+}
+
+fn assert_refused_at_once(ns: &str, target: &str) {
+    let (err, took) = connect_error(ns, target, Duration::from_secs(3));
+    assert_eq!(
+        err,
+        Some(ErrorKind::ConnectionRefused),
+        "{target} from {ns}"
+    );
+    assert!(took < Duration::from_secs(1), "refused after {took:?}");
+}
+
+const NODEPORT_SPEC: &str = "  type: NodePort\n  clusterIP: 10.96.5.1\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30080}, {name: dns, protocol: UDP, port: 53, targetPort: 9376, nodePort: 30053}]";
+
+fn nodeport_manifests() -> String {
+    node_object("zone-a")
+        + &svc("np", NODEPORT_SPEC, "")
+        + &eps(
+            "np",
+            &[
+                ep("10.244.1.10", NODE, ""),
+                ep("10.244.1.11", NODE, ""),
+            ],
+        )
+        + &svc(
+            "np-empty",
+            "  type: NodePort\n  clusterIP: 10.96.5.2\n  ports: [{name: http, port: 80, nodePort: 30090}]",
+            "",
+        )
+}
+
+#[test]
+fn node_ports_answer_outside_node_and_pod_clients_over_tcp_and_udp() {
+    let c = Cluster::new("np", &PODS, &[9376]);
+    c.apply_with(&nodeport_manifests(), &node_flag());
+    // P(one of two pods gets none of 30) = 2 * 2^-30.
+    assert_only(
+        &tally(c.client(), &node_port(30080), 30, false),
+        &["pod-a", "pod-b"],
+    );
+    assert_only(
+        &tally(c.client(), &node_port(30053), 30, true),
+        &["pod-a", "pod-b"],
+    );
+    let on_node = tally(c.node(), &node_port(30080), 10, false);
+    assert!(on_node.errors.is_empty(), "{:?}", on_node.errors);
+    let from_pod = tally(&c.pod_ns("pod-c"), &node_port(30080), 10, false);
+    assert!(from_pod.errors.is_empty(), "{:?}", from_pod.errors);
+    // externalTrafficPolicy: Cluster masquerades: the pod sees the node, not the client.
+    let seen = kube_nft::netns::in_netns(c.client(), || {
+        http_get_path(
+            node_port(30080).parse().unwrap(),
+            "/client",
+            Duration::from_secs(2),
+        )
+    })
+    .unwrap()
+    .unwrap();
+    assert_ne!(seen, CLIENT_V4);
+    // No endpoints: refused at once, from outside and from the node.
+    assert_refused_at_once(c.client(), &node_port(30090));
+    assert_refused_at_once(c.node(), &node_port(30090));
+}
+
+#[test]
+fn nodeport_addresses_select_the_node_addresses_and_never_loopback() {
+    let c = Cluster::new("npaddr", &PODS, &[9376]);
+    let m = nodeport_manifests();
+    c.apply_with(
+        &m,
+        &[
+            "--node-name",
+            NODE,
+            "--nodeport-addresses",
+            "169.254.1.0/24",
+        ],
+    );
+    let t = tally(c.client(), &format!("{GATEWAY_V4}:30080"), 5, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    // Not a NodePort address now: nothing listens there, the node refuses.
+    assert_refused_at_once(c.client(), &node_port(30080));
+
+    c.apply_with(
+        &m,
+        &["--node-name", NODE, "--nodeport-addresses", "0.0.0.0/0"],
+    );
+    assert!(answers(c.client(), &node_port(30080)));
+    assert!(answers(c.client(), &format!("{GATEWAY_V4}:30080")));
+    let (err, _) = connect_error(c.node(), "127.0.0.1:30080", Duration::from_secs(2));
+    assert_eq!(
+        err,
+        Some(ErrorKind::ConnectionRefused),
+        "loopback must not serve NodePorts"
+    );
+    let listing = nft_list(c.node());
+    assert!(!listing.contains("127.0.0.1"), "{listing}");
+}
+
+fn lb_manifests(ranges: &str, ingress: &str) -> String {
+    node_object("zone-a")
+        + &svc(
+            "lb",
+            &format!("  type: LoadBalancer\n  clusterIP: 10.96.5.3\n  externalIPs: [198.51.100.7]\n  loadBalancerSourceRanges: [{ranges}]\n  ports: [{{name: http, port: 80, targetPort: 9376, nodePort: 30081}}]"),
+            &format!("loadBalancer: {{ingress: [{ingress}]}}"),
+        )
+        + &eps("lb", &[ep("10.244.1.10", NODE, "")])
+}
+
+#[test]
+fn load_balancer_source_ranges_filter_the_load_balancer_ip_only() {
+    let c = Cluster::new("lbfw", &PODS, &[9376]);
+    let ingress = "{ip: 198.51.100.8}, {ip: 198.51.100.9, ipMode: Proxy}";
+    c.apply_with(&lb_manifests("203.0.113.0/24", ingress), &node_flag());
+    // The client (192.0.2.2) is outside the ranges: the load balancer IP drops it...
+    assert_dropped(c.client(), "198.51.100.8:80");
+    // ...but the external IP and the NodePort are not filtered.
+    assert_only(&tally(c.client(), "198.51.100.7:80", 5, false), &["pod-a"]);
+    assert_only(&tally(c.client(), &node_port(30081), 5, false), &["pod-a"]);
+    // An ingress IP the load balancer proxies itself is not captured.
+    assert!(!nft_list(c.node()).contains("198.51.100.9"));
+
+    c.apply_with(&lb_manifests("192.0.2.2/32", ingress), &node_flag());
+    assert_only(&tally(c.client(), "198.51.100.8:80", 5, false), &["pod-a"]);
+}
+
+fn etp_local_manifests(a_node: &str) -> String {
+    node_object("zone-a")
+        + &svc(
+            "web",
+            "  type: LoadBalancer\n  clusterIP: 10.96.5.4\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30082}]",
+            "loadBalancer: {ingress: [{ip: 198.51.100.20}]}",
+        )
+        + &eps(
+            "web",
+            &[
+                ep("10.244.1.10", a_node, ""),
+                ep("10.244.1.11", "node-b", ""),
+            ],
+        )
+}
+
+/// One health-check request: status code and JSON body.
+fn health(ns: &str, target: &str) -> (u16, serde_json::Value) {
+    let target: SocketAddr = target.parse().unwrap();
+    kube_nft::netns::in_netns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        write!(s, "GET /healthz HTTP/1.0\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap();
+        let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (code, serde_json::from_str(body).unwrap())
+    })
+    .unwrap()
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() {
+    let c = Cluster::new("etp", &PODS, &[9376]);
+    let path = c.scratch.write("m.yaml", &etp_local_manifests(NODE));
+    let log = c.scratch.write("daemon.log", "");
+    let _d = Daemon::start(c.node(), &path, log, &node_flag());
+    wait_until(
+        Duration::from_secs(10),
+        "the health check answers 200",
+        || answers_status(c.client(), 200),
+    );
+    let (_, body) = health(c.client(), &node_port(32100));
+    assert_eq!(body["localEndpoints"], 1);
+    assert_eq!(body["service"]["name"], "web");
+
+    // Outside clients reach only this node's endpoint, with their address kept.
+    assert_only(&tally(c.client(), &node_port(30082), 20, false), &["pod-a"]);
+    assert_only(
+        &tally(c.client(), "198.51.100.20:80", 20, false),
+        &["pod-a"],
+    );
+    let seen = kube_nft::netns::in_netns(c.client(), || {
+        http_get_path(
+            node_port(30082).parse().unwrap(),
+            "/client",
+            Duration::from_secs(2),
+        )
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(seen, CLIENT_V4);
+    // Pods are served like internal traffic: by every endpoint.
+    assert_only(
+        &tally(&c.pod_ns("pod-c"), "198.51.100.20:80", 30, false),
+        &["pod-a", "pod-b"],
+    );
+    let on_node = tally(c.node(), "198.51.100.20:80", 5, false);
+    assert!(on_node.errors.is_empty(), "{:?}", on_node.errors);
+
+    // No endpoint on this node: outside traffic is dropped, the health check
+    // fails, and pods still reach the Service through this node.
+    std::fs::write(&path, etp_local_manifests("node-b")).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the health check answers 503",
+        || answers_status(c.client(), 503),
+    );
+    let (_, body) = health(c.client(), &node_port(32100));
+    assert_eq!(body["localEndpoints"], 0);
+    assert_dropped(c.client(), &node_port(30082));
+    assert_dropped(c.client(), "198.51.100.20:80");
+    let from_pod = tally(&c.pod_ns("pod-c"), &node_port(30082), 10, false);
+    assert!(from_pod.errors.is_empty(), "{:?}", from_pod.errors);
+}
+
+fn answers_status(ns: &str, code: u16) -> bool {
+    let target: SocketAddr = node_port(32100).parse().unwrap();
+    let r = kube_nft::netns::in_netns(ns, move || {
+        TcpStream::connect_timeout(&target, Duration::from_millis(500)).is_ok()
+    })
+    .unwrap();
+    r && health(ns, &node_port(32100)).0 == code
+}
+
+fn itp_local_manifests(a_node: &str) -> String {
+    node_object("zone-a")
+        + &svc(
+            "web",
+            "  clusterIP: 10.96.5.5\n  internalTrafficPolicy: Local\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+            "",
+        )
+        + &eps(
+            "web",
+            &[
+                ep("10.244.1.10", a_node, ""),
+                ep("10.244.1.11", "node-b", ""),
+            ],
+        )
+}
+
+#[test]
+fn internal_traffic_policy_local_uses_local_endpoints_or_drops() {
+    let c = Cluster::new("itp", &PODS, &[9376]);
+    c.apply_with(&itp_local_manifests(NODE), &node_flag());
+    assert_only(
+        &tally(&c.pod_ns("pod-c"), "10.96.5.5:80", 20, false),
+        &["pod-a"],
+    );
+    c.apply_with(&itp_local_manifests("node-b"), &node_flag());
+    assert_dropped(&c.pod_ns("pod-c"), "10.96.5.5:80");
+}
+
+fn hinted(zone_a: &str, zone_b: &str) -> String {
+    node_object("zone-a")
+        + &svc(
+            "web",
+            "  clusterIP: 10.96.5.6\n  trafficDistribution: PreferClose\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+            "",
+        )
+        + &eps(
+            "web",
+            &[
+                ep("10.244.1.10", "node-x", zone_a),
+                ep("10.244.1.11", "node-y", zone_b),
+            ],
+        )
+}
+
+#[test]
+fn topology_hints_are_honoured_only_when_every_endpoint_has_them() {
+    let c = Cluster::new("topo", &PODS, &[9376]);
+    let zone = |z: &str| format!(", hints: {{forZones: [{{name: {z}}}]}}");
+    let nodes = |n: &str| format!(", hints: {{forNodes: [{{name: {n}}}]}}");
+    c.apply_with(&hinted(&zone("zone-a"), &zone("zone-b")), &node_flag());
+    assert_only(&tally(c.client(), "10.96.5.6:80", 20, false), &["pod-a"]);
+    // One endpoint without hints: hints are ignored.
+    c.apply_with(&hinted(&zone("zone-a"), ""), &node_flag());
+    assert_only(
+        &tally(c.client(), "10.96.5.6:80", 30, false),
+        &["pod-a", "pod-b"],
+    );
+    // Same-node hints (PreferSameNode) win over zones.
+    c.apply_with(&hinted(&nodes("node-b"), &nodes(NODE)), &node_flag());
+    assert_only(&tally(c.client(), "10.96.5.6:80", 20, false), &["pod-b"]);
+}
+
+#[test]
+fn terminating_endpoints_serve_only_when_none_is_ready() {
+    let c = Cluster::new("term", &PODS, &[9376]);
+    let spec = "  clusterIP: 10.96.5.7\n  ports: [{name: http, port: 80, targetPort: 9376}]";
+    let terminating = ", conditions: {ready: false, serving: true, terminating: true}";
+    let gone = ", conditions: {ready: false, serving: false, terminating: true}";
+    c.apply(
+        &(svc("web", spec, "")
+            + &eps(
+                "web",
+                &[
+                    ep("10.244.1.10", NODE, ""),
+                    ep("10.244.1.11", NODE, terminating),
+                ],
+            )),
+    );
+    assert_only(&tally(c.client(), "10.96.5.7:80", 20, false), &["pod-a"]);
+    c.apply(
+        &(svc("web", spec, "")
+            + &eps(
+                "web",
+                &[
+                    ep("10.244.1.10", NODE, gone),
+                    ep("10.244.1.11", NODE, terminating),
+                ],
+            )),
+    );
+    assert_only(&tally(c.client(), "10.96.5.7:80", 20, false), &["pod-b"]);
+}
+
+#[test]
+fn services_a_proxy_must_leave_alone_get_no_rules() {
+    let c = Cluster::new("skip", &PODS, &[9376]);
+    let m = svc(
+        "other",
+        "  clusterIP: 10.96.5.9\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+        "",
+    )
+    .replace(
+        "namespace: default}",
+        "namespace: default, labels: {service.kubernetes.io/service-proxy-name: other-proxy}}",
+    ) + &eps("other", &[ep("10.244.1.10", NODE, "")])
+        + &svc(
+            "headless",
+            "  clusterIP: None\n  ports: [{name: http, port: 80}]",
+            "",
+        )
+        + &eps("headless", &[ep("10.244.1.11", NODE, "")])
+        + &svc(
+            "ext",
+            "  type: ExternalName\n  externalName: example.org",
+            "",
+        )
+        + &svc(
+            "mine",
+            "  clusterIP: 10.96.5.10\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+            "",
+        )
+        + &eps("mine", &[ep("10.244.1.12", NODE, "")]);
+    c.apply(&m);
+    assert_only(&tally(c.client(), "10.96.5.10:80", 5, false), &["pod-c"]);
+    // Not ours: not DNATed; inside the service CIDR and unallocated here, so dropped.
+    assert_dropped(c.client(), "10.96.5.9:80");
+    let listing = nft_list(c.node());
+    for absent in [
+        "10.96.5.9",
+        "10.244.1.10",
+        "10.244.1.11",
+        "default/headless",
+        "default/ext",
+    ] {
+        assert!(!listing.contains(absent), "{absent} in:\n{listing}");
+    }
+}
+
+#[test]
+fn a_udp_flow_reaches_the_new_endpoint_within_a_second_of_the_change() {
+    let c = Cluster::new("udpct", &PODS, &[9376]);
+    let spec = "  clusterIP: 10.96.5.11\n  ports: [{name: dns, protocol: UDP, port: 53, targetPort: 9376}]";
+    let manifests = |a: &str| svc("dns", spec, "") + &eps("dns", &[ep(a, NODE, "")]);
+    let path = c.scratch.write("m.yaml", &manifests("10.244.1.10"));
+    let log = c.scratch.write("daemon.log", "");
+    let d = Daemon::start(c.node(), &path, log, &["--min-sync-period", "0s"]);
+    wait_until(Duration::from_secs(10), "first sync", || {
+        d.syncs("Full") > 0
+    });
+
+    // One flow (one source port) that keeps asking, as a DNS client would.
+    let (client, vip) = (c.client().to_string(), "10.96.5.11:53");
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, String)>();
+    let asker = std::thread::spawn(move || {
+        kube_nft::netns::in_netns(&client, move || {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            sock.connect(vip).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(8) {
+                let _ = sock.send(b"?");
+                if let Ok(n) = sock.recv(&mut buf) {
+                    let name = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+                    if tx.send((Instant::now(), name)).is_err() {
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .unwrap();
+    });
+    let first = rx.recv_timeout(Duration::from_secs(3)).unwrap();
+    assert_eq!(first.1, "pod-a");
+    std::thread::sleep(Duration::from_millis(500));
+    let changed = Instant::now();
+    std::fs::write(&path, manifests("10.244.1.11")).unwrap();
+    // pod-a still runs and would keep answering a stale conntrack entry.
+    let moved = loop {
+        let (at, name) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the flow stopped getting answers");
+        if name == "pod-b" {
+            break at;
+        }
+    };
+    drop(rx);
+    asker.join().unwrap();
+    let took = moved - changed;
+    assert!(took < Duration::from_secs(1), "moved after {took:?}");
+    assert!(
+        d.log_text().contains("stale UDP conntrack entries"),
+        "{}",
+        d.log_text()
+    );
+}
