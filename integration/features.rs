@@ -479,3 +479,54 @@ fn a_udp_flow_reaches_the_new_endpoint_within_a_second_of_the_change() {
         d.log_text()
     );
 }
+
+fn sticky(timeout: u32, endpoints: &[&str]) -> String {
+    let spec = format!("  clusterIP: 10.96.5.12\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n  ports: [{{name: http, port: 80, targetPort: 9376}}]");
+    let eps_lines: Vec<String> = endpoints.iter().map(|a| ep(a, NODE, "")).collect();
+    svc("sticky", &spec, "") + &eps("sticky", &eps_lines)
+}
+
+#[test]
+fn session_affinity_keeps_a_client_on_one_live_endpoint_until_the_timeout() {
+    let c = Cluster::new("aff", &PODS, &[9376]);
+    let all = ["10.244.1.10", "10.244.1.11", "10.244.1.12"];
+    c.apply(&sticky(30, &all));
+    // 30 new connections, one endpoint: by chance that would be 3 * 3^-30.
+    let t = tally(c.client(), "10.96.5.12:80", 30, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
+    let chosen = t.answers.keys().next().unwrap().clone();
+
+    // Its endpoint leaves (the pod still runs): never chosen again, and the
+    // client sticks to one of the others.
+    let idx = PODS.iter().position(|(n, _)| *n == chosen).unwrap();
+    let rest: Vec<&str> = all
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != idx)
+        .map(|(_, a)| *a)
+        .collect();
+    c.apply(&sticky(30, &rest));
+    let t = tally(c.client(), "10.96.5.12:80", 20, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
+    assert!(!t.answers.contains_key(&chosen), "{:?}", t.answers);
+
+    // With a 1 s timeout, a client that waits longer is balanced afresh each time.
+    c.apply(&sticky(1, &all));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let t = tally(c.client(), "10.96.5.12:80", 2, false);
+        assert!(t.errors.is_empty(), "{:?}", t.errors);
+        assert_eq!(
+            t.answers.len(),
+            1,
+            "sticky within the timeout: {:?}",
+            t.answers
+        );
+        seen.extend(t.answers.into_keys());
+        std::thread::sleep(Duration::from_millis(1300));
+    }
+    // P(8 fresh picks all equal) = 3 * 3^-8 < 0.05%.
+    assert!(seen.len() > 1, "the affinity never expired: {seen:?}");
+}

@@ -147,6 +147,30 @@ endpoints: [{addresses: [10.244.6.5], nodeName: node-b}]
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: sticky, namespace: default}
+spec:
+  clusterIP: 10.96.1.5
+  clusterIPs: [10.96.1.5, "fd00:10:96::1:5"]
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 5430}}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-a, namespace: default, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.244.6.7]}, {addresses: [10.244.6.8]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sticky-b, namespace: default, labels: {kubernetes.io/service-name: sticky}}
+addressType: IPv6
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: ["fd00:10:244::6:7"]}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: np-empty, namespace: default}
 spec:
   type: NodePort

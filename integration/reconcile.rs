@@ -141,6 +141,34 @@ fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset() {
                 "and one lets it go",
                 Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(5, 0)]))),
             ),
+            (
+                "session affinity turned on (a timeout set per endpoint)",
+                Box::new(|p| {
+                    p.update(&key(7), |s| {
+                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = Some(600)
+                    })
+                }),
+            ),
+            (
+                "an affinity endpoint leaves, its set with it",
+                Box::new(|p| p.update(&key(7), |s| set_endpoints(s, 7, &[ep_addr(7, 1)]))),
+            ),
+            (
+                "a new affinity timeout (new sets, old ones deleted)",
+                Box::new(|p| {
+                    p.update(&key(7), |s| {
+                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = Some(60)
+                    })
+                }),
+            ),
+            (
+                "session affinity turned off",
+                Box::new(|p| {
+                    p.update(&key(7), |s| {
+                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = None
+                    })
+                }),
+            ),
         ];
         for (what, step) in steps {
             step(p);

@@ -15,7 +15,9 @@
 
 use crate::model::{build_state, ClusterState, Objects, Rejected, ServiceKey, Validated};
 use crate::netlink::diff::{diff_rules, Plan};
-use crate::netlink::lower::{lower_chain, lower_element, lower_table, KernelChain, KernelElement};
+use crate::netlink::lower::{
+    lower_chain, lower_element, lower_set, lower_table, KernelChain, KernelElement, KernelSet,
+};
 use crate::netlink::view::{slots, RuleView, TableView};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
 use crate::ruleset::{Family, TABLE_NAME};
@@ -95,7 +97,13 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
     // Element order in a hash set is the kernel's, not ours.
     for s in a_sets.iter_mut().chain(b_sets.iter_mut()) {
         s.elements.sort_by(|x, y| x.key.cmp(&y.key));
+        // A dynamic set's elements are the packets', not ours.
+        if s.timeout_ms.is_some() {
+            s.elements.clear();
+        }
     }
+    a_sets.sort_by(|x, y| x.name.cmp(&y.name));
+    b_sets.sort_by(|x, y| x.name.cmp(&y.name));
     fn by_name(t: &KernelTable) -> Vec<&KernelChain> {
         let mut v: Vec<&KernelChain> = t.chains.iter().collect();
         v.sort_by(|x, y| x.name.cmp(&y.name));
@@ -120,6 +128,7 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Applied {
     chains: Vec<String>,
+    sets: Vec<String>,
     elements: Vec<(&'static str, KernelElement)>,
     hairpin: Vec<IpAddr>,
 }
@@ -127,6 +136,7 @@ struct Applied {
 /// One Service's rules in one family, lowered to kernel objects.
 struct LoweredService {
     chains: Vec<KernelChain>,
+    sets: Vec<KernelSet>,
     applied: Applied,
 }
 
@@ -145,8 +155,10 @@ fn lower_service(
         .map(|(set, e)| (*set, lower_element(e, e.key.len() > 1)))
         .collect();
     Some(LoweredService {
+        sets: rules.sets.iter().map(lower_set).collect(),
         applied: Applied {
             chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
+            sets: rules.sets.iter().map(|s| s.name.clone()).collect(),
             elements,
             hairpin: rules.hairpin.clone(),
         },
@@ -328,6 +340,8 @@ impl Proxier {
             let mut rebuild = !plan_skeleton(&mut plan, family, &skeleton, view);
             let mut wanted_chains: BTreeSet<String> =
                 skeleton.chains.iter().map(|c| c.name.clone()).collect();
+            let mut wanted_sets: BTreeSet<String> =
+                skeleton.sets.iter().map(|s| s.name.clone()).collect();
             let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
             for (set, e) in node_elements(&self.state, &self.config, family) {
@@ -342,6 +356,14 @@ impl Proxier {
                 else {
                     continue;
                 };
+                for set in svc.sets {
+                    if wanted_sets.insert(set.name.clone()) {
+                        match view.and_then(|v| v.set(&set.name)) {
+                            None => plan.add_set(family, set),
+                            Some(have) => rebuild |= !same_set_def(&have.def, &set),
+                        }
+                    }
+                }
                 for chain in svc.chains {
                     wanted_chains.insert(chain.name.clone());
                     rebuild |= !plan_chain(&mut plan, family, chain, view);
@@ -375,6 +397,9 @@ impl Proxier {
             if let Some(v) = view {
                 for c in v.chains.iter().filter(|c| !wanted_chains.contains(&c.name)) {
                     plan.delete_chain(family, &c.name);
+                }
+                for s in v.sets.iter().filter(|s| !wanted_sets.contains(&s.def.name)) {
+                    plan.delete_set(family, &s.def.name);
                 }
             }
             if rebuild {
@@ -422,10 +447,16 @@ impl Proxier {
                     .cloned()
                     .unwrap_or_default();
                 let new = lower_service(&self.state, key, family, &self.config, &hints);
-                let (chains, new_applied) = match new {
-                    Some(s) => (s.chains, s.applied),
-                    None => (Vec::new(), Applied::default()),
+                let (chains, sets, new_applied) = match new {
+                    Some(s) => (s.chains, s.sets, s.applied),
+                    None => (Vec::new(), Vec::new(), Applied::default()),
                 };
+                for set in sets.into_iter().filter(|s| !old.sets.contains(&s.name)) {
+                    plan.add_set(family, set);
+                }
+                for s in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
+                    plan.delete_set(family, s);
+                }
                 for chain in chains {
                     match hints.0.get(&(family, chain.name.clone())) {
                         Some(rules) if old.chains.contains(&chain.name) => {
@@ -537,17 +568,12 @@ fn plan_skeleton(
         }
         return true;
     };
-    if v.userdata != skeleton.userdata || v.sets.len() != skeleton.sets.len() {
+    if v.userdata != skeleton.userdata {
         return false;
     }
     for s in &skeleton.sets {
         match v.set(&s.name) {
-            Some(have)
-                if have.def.flags == s.flags
-                    && have.def.key_type == s.key_type
-                    && have.def.key_len == s.key_len
-                    && have.def.data_type == s.data_type
-                    && have.def.userdata == s.userdata => {}
+            Some(have) if same_set_def(&have.def, s) => {}
             _ => return false,
         }
     }
@@ -555,6 +581,16 @@ fn plan_skeleton(
         .chains
         .iter()
         .all(|c| plan_chain(plan, family, c.clone(), view))
+}
+
+/// The same set definition (elements aside).
+fn same_set_def(have: &KernelSet, want: &KernelSet) -> bool {
+    have.flags == want.flags
+        && have.key_type == want.key_type
+        && have.key_len == want.key_len
+        && have.data_type == want.data_type
+        && have.timeout_ms == want.timeout_ms
+        && have.userdata == want.userdata
 }
 
 /// Plans one chain against the kernel's; false if it must be rebuilt.

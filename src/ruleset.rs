@@ -12,6 +12,9 @@ use std::net::IpAddr;
 /// The name of every table kube-nft owns, one per family.
 pub const TABLE_NAME: &str = "kube-nft";
 
+/// The size `nft` gives a dynamic set (the kernel's default would be unbounded).
+pub const DYNAMIC_SET_SIZE: u32 = 65535;
+
 /// nftables caps element, rule and chain comments at 128 bytes including the NUL.
 pub const MAX_COMMENT_LEN: usize = 127;
 
@@ -138,6 +141,9 @@ pub struct Set {
     pub key: Vec<KeyType>,
     pub verdict_map: bool,
     pub comment: Option<String>,
+    /// A set the rules fill as packets pass (`flags dynamic,timeout`), whose
+    /// elements expire after this many seconds. Its elements are the kernel's.
+    pub timeout: Option<u32>,
     pub elements: Vec<Element>,
 }
 
@@ -311,6 +317,11 @@ pub enum Stmt {
     Vmap {
         fields: Vec<Field>,
         map: String,
+    },
+    /// `update @set { ip saddr }`: add the field to a dynamic set, or refresh its timeout.
+    SetUpdate {
+        field: Field,
+        set: String,
     },
     /// `meta mark set meta mark | M`.
     MarkOr(u32),

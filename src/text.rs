@@ -4,7 +4,9 @@
 //! `kube-nft render` prints this, and the parity tests load it with `nft -f` to
 //! check that our netlink encoder programs exactly what this text means.
 
-use crate::ruleset::{Chain, Element, Family, Field, Hook, Rule, Set, Stmt, Table};
+use crate::ruleset::{
+    Chain, Element, Family, Field, Hook, Rule, Set, Stmt, Table, DYNAMIC_SET_SIZE,
+};
 use std::fmt::Write;
 
 fn quote(s: &str) -> String {
@@ -53,6 +55,9 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         Stmt::NumgenEq { modulus, value } => format!("numgen random mod {modulus} {value}"),
         Stmt::InSet { fields: fs, set } => format!("{} @{set}", fields(family, fs)),
         Stmt::Vmap { fields: fs, map } => format!("{} vmap @{map}", fields(family, fs)),
+        Stmt::SetUpdate { field: f, set } => {
+            format!("update @{set} {{ {} }}", field(family, *f))
+        }
         Stmt::MarkOr(m) => format!("meta mark set meta mark | {}", hex(*m)),
         Stmt::MarkXor(m) => format!("meta mark set meta mark ^ {}", hex(*m)),
         Stmt::Dnat { addr, port } => match family {
@@ -100,6 +105,22 @@ fn element(e: &Element) -> String {
     out
 }
 
+/// As `nft` prints a time: `3h`, `1h30m`, `10s`.
+fn duration(secs: u32) -> String {
+    let mut out = String::new();
+    let mut rest = secs;
+    for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if rest >= n {
+            out += &format!("{}{unit}", rest / n);
+            rest %= n;
+        }
+    }
+    if out.is_empty() {
+        out = "0s".into();
+    }
+    out
+}
+
 fn write_set(out: &mut String, s: &Set) {
     let kw = if s.verdict_map { "map" } else { "set" };
     let key = s
@@ -114,10 +135,15 @@ fn write_set(out: &mut String, s: &Set) {
     } else {
         writeln!(out, "\t\ttype {key}").unwrap();
     }
+    if let Some(t) = s.timeout {
+        writeln!(out, "\t\tsize {DYNAMIC_SET_SIZE}").unwrap();
+        writeln!(out, "\t\tflags dynamic,timeout").unwrap();
+        writeln!(out, "\t\ttimeout {}", duration(t)).unwrap();
+    }
     if let Some(c) = &s.comment {
         writeln!(out, "\t\tcomment {}", quote(c)).unwrap();
     }
-    if !s.elements.is_empty() {
+    if !s.elements.is_empty() && s.timeout.is_none() {
         let items: Vec<String> = s.elements.iter().map(element).collect();
         writeln!(out, "\t\telements = {{ {} }}", items.join(",\n\t\t\t     ")).unwrap();
     }

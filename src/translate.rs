@@ -203,17 +203,19 @@ pub fn service_chain_name(svc: &Service, port: &ServicePort) -> String {
 
 /// `<kind>-<hash>-ns/name/proto/port`, the chains of one Service port.
 fn port_chain_name(kind: &str, svc: &Service, port: &ServicePort) -> String {
+    chain_name(kind, &port_id(svc, port))
+}
+
+/// `ns/name/proto/port` (the port's name, or its number when unnamed).
+fn port_id(svc: &Service, port: &ServicePort) -> String {
     let port_id = if port.name.is_empty() {
         port.port.to_string()
     } else {
         port.name.clone()
     };
-    chain_name(
-        kind,
-        &format!(
-            "{}/{}/{}/{}",
-            svc.key.namespace, svc.key.name, port.protocol, port_id
-        ),
+    format!(
+        "{}/{}/{}/{}",
+        svc.key.namespace, svc.key.name, port.protocol, port_id
     )
 }
 
@@ -356,6 +358,7 @@ fn set(name: &str, key: Vec<KeyType>, verdict_map: bool, comment: &str) -> Set {
         key,
         verdict_map,
         comment: Some(comment.to_string()),
+        timeout: None,
         elements: Vec::new(),
     }
 }
@@ -646,34 +649,90 @@ pub fn assign_slots<'a>(
     slots.iter().map(|k| by_key[k]).collect()
 }
 
+/// Session affinity of one Service port: the clients each endpoint has seen.
+struct Affinity<'a> {
+    /// `ns/name/proto/port`, which with the endpoint names its set.
+    port_id: &'a str,
+    timeout: u32,
+}
+
+impl Affinity<'_> {
+    fn set_name(&self, ep: &PortEndpoint) -> String {
+        chain_name(
+            "affinity",
+            // nft set names take no ':' (IPv6). The timeout is in the name: a
+            // new timeout is a new set.
+            &format!(
+                "{}/{}/{}/{}s",
+                self.port_id,
+                ep.addr.to_string().replace(':', "-"),
+                ep.port,
+                self.timeout
+            ),
+        )
+    }
+
+    fn set(&self, family: Family, ep: &PortEndpoint) -> Set {
+        Set {
+            name: self.set_name(ep),
+            key: vec![family.addr_type()],
+            verdict_map: false,
+            comment: None,
+            timeout: Some(self.timeout),
+            elements: Vec::new(),
+        }
+    }
+}
+
 /// The endpoint-selection chain of one Service port: a `numgen` cascade, one rule
 /// per slot from the highest down. The rule of slot k matches with probability
 /// 1/(k+1) (slot 0 always), so each of n endpoints gets exactly 1/n.
+///
+/// With session affinity, each endpoint also has a timeout set of the clients it
+/// served: a client found in one goes back to that endpoint, and the cascade
+/// records the client in the set of the endpoint it picks. An endpoint that leaves
+/// takes its set with it, so no client is ever sent back to it.
 fn service_port_chain(
     name: String,
     label: &str,
     port: &ServicePort,
     slots: &[&PortEndpoint],
+    affinity: Option<&Affinity>,
 ) -> Chain {
-    let rules = slots
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(k, ep)| {
-            let mut stmts = vec![Stmt::L4Proto(port.protocol)];
-            if k > 0 {
-                stmts.push(Stmt::NumgenEq {
-                    modulus: k as u32 + 1,
-                    value: 0,
-                });
-            }
-            stmts.push(Stmt::Dnat {
-                addr: ep.addr,
-                port: ep.port,
+    let dnat = |ep: &PortEndpoint| Stmt::Dnat {
+        addr: ep.addr,
+        port: ep.port,
+    };
+    let mut rules = Vec::new();
+    if let Some(a) = affinity {
+        for ep in slots.iter().rev() {
+            rules.push(Rule::new(vec![
+                Stmt::L4Proto(port.protocol),
+                Stmt::InSet {
+                    fields: vec![Field::Saddr],
+                    set: a.set_name(ep),
+                },
+                dnat(ep),
+            ]));
+        }
+    }
+    for (k, ep) in slots.iter().enumerate().rev() {
+        let mut stmts = vec![Stmt::L4Proto(port.protocol)];
+        if k > 0 {
+            stmts.push(Stmt::NumgenEq {
+                modulus: k as u32 + 1,
+                value: 0,
             });
-            Rule::new(stmts)
-        })
-        .collect();
+        }
+        if let Some(a) = affinity {
+            stmts.push(Stmt::SetUpdate {
+                field: Field::Saddr,
+                set: a.set_name(ep),
+            });
+        }
+        stmts.push(dnat(ep));
+        rules.push(Rule::new(stmts));
+    }
     Chain {
         name,
         base: None,
@@ -686,6 +745,8 @@ fn service_port_chain(
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceRules {
     pub chains: Vec<Chain>,
+    /// Sets of this Service alone (session affinity), created and deleted with it.
+    pub sets: Vec<Set>,
     /// Elements, with the name of the set or map they belong to.
     pub elements: Vec<(&'static str, Element)>,
     /// Endpoints that need a hairpin element (shared between Services).
@@ -863,15 +924,33 @@ pub fn service_rules(
             .filter(|e| Family::of(&e.addr) == family)
             .collect();
         let eps = categorize(svc, &in_family, node);
+        let port_id = port_id(svc, port);
+        let affinity = svc.affinity_timeout.map(|timeout| Affinity {
+            port_id: &port_id,
+            timeout,
+        });
         let mut policy_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
             if chosen.is_empty() {
                 return None;
             }
-            let name = port_chain_name(kind, svc, port);
+            let name = chain_name(kind, &port_id);
             let slots = assign_slots(hints.slots(family, &name), chosen);
             out.hairpin.extend(chosen.iter().map(|e| e.addr));
-            out.chains
-                .push(service_port_chain(name.clone(), &label, port, &slots));
+            if let Some(a) = &affinity {
+                for ep in chosen {
+                    let set = a.set(family, ep);
+                    if !out.sets.iter().any(|s| s.name == set.name) {
+                        out.sets.push(set);
+                    }
+                }
+            }
+            out.chains.push(service_port_chain(
+                name.clone(),
+                &label,
+                port,
+                &slots,
+                affinity.as_ref(),
+            ));
             Some(name)
         };
         let chains = PolicyChains {
@@ -1020,6 +1099,7 @@ fn table_for(
         }
         hairpin.extend(rules.hairpin);
         table.chains.extend(rules.chains);
+        table.sets.extend(rules.sets);
     }
     elements.insert(
         SET_HAIRPIN,

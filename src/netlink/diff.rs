@@ -55,6 +55,7 @@ pub struct Plan {
     delete_elements: BTreeMap<(Family, String), Vec<KernelElement>>,
     add_elements: BTreeMap<(Family, String), Vec<KernelElement>>,
     delete_chains: Vec<(Family, String)>,
+    delete_sets: Vec<(Family, String)>,
 }
 
 impl Plan {
@@ -67,6 +68,7 @@ impl Plan {
             && self.delete_elements.is_empty()
             && self.add_elements.is_empty()
             && self.delete_chains.is_empty()
+            && self.delete_sets.is_empty()
     }
 
     pub fn rebuild(&mut self, table: KernelTable) {
@@ -97,6 +99,11 @@ impl Plan {
 
     pub fn delete_chain(&mut self, family: Family, chain: &str) {
         self.delete_chains.push((family, chain.to_string()));
+    }
+
+    /// Deletes a set once nothing refers to it: after rules and chains go.
+    pub fn delete_set(&mut self, family: Family, set: &str) {
+        self.delete_sets.push((family, set.to_string()));
     }
 
     pub fn add_element(&mut self, family: Family, set: &str, e: KernelElement) {
@@ -151,6 +158,9 @@ impl Plan {
         for (f, chain) in self.delete_chains.iter().filter(|x| keep(&x.0)) {
             b.flush_chain(*f, t, chain);
             b.delete_chain(*f, t, chain);
+        }
+        for (f, set) in self.delete_sets.iter().filter(|x| keep(&x.0)) {
+            b.delete_set(*f, t, set);
         }
         b
     }

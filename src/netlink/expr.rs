@@ -60,6 +60,8 @@ pub enum CmpOp {
 
 /// nf_nat_range flags we use.
 pub const NAT_PROTO_SPECIFIED: u32 = 0x2;
+/// `NFT_DYNSET_OP_UPDATE`: add the key, or refresh its timeout.
+pub const DYNSET_OP_UPDATE: u32 = 1;
 /// `NFT_FIB_RESULT_ADDRTYPE`: the route type of the looked-up address.
 pub const FIB_RESULT_ADDRTYPE: u32 = 3;
 /// `NFTA_FIB_F_SADDR`: look up the source address.
@@ -130,6 +132,11 @@ pub enum Expr {
     Reject {
         kind: u32,
         code: u8,
+    },
+    /// `update @set { key }` (NFT_DYNSET_OP_UPDATE), no per-rule timeout.
+    DynsetUpdate {
+        sreg: u32,
+        set: String,
     },
     /// `fib` lookup; kube-nft uses the address type of the source.
     Fib {
@@ -245,6 +252,7 @@ impl Expr {
             Expr::Reject { .. } => "reject",
             Expr::CtState { .. } => "ct",
             Expr::Fib { .. } => "fib",
+            Expr::DynsetUpdate { .. } => "dynset",
             Expr::Counter { .. } => "counter",
             Expr::Other(name) => name,
         }
@@ -351,6 +359,11 @@ impl Expr {
                 w.put_u32(2, 0);
                 w.put_u32(1, *dreg);
             }
+            Expr::DynsetUpdate { sreg, set } => {
+                w.put_str(1, set);
+                w.put_u32(3, DYNSET_OP_UPDATE);
+                w.put_u32(4, *sreg);
+            }
             Expr::Fib {
                 dreg,
                 result,
@@ -401,6 +414,7 @@ impl Expr {
             "reject" => "reject",
             "ct" => "ct",
             "fib" => "fib",
+            "dynset" => "dynset",
             "counter" => "counter",
             _ => return Ok(Expr::Other(name)),
         };
@@ -483,6 +497,19 @@ impl Expr {
                 kind: u(1)?,
                 code: Payload::new(ctx, 2, f.get(2).unwrap_or(&[0])).u8()?,
             },
+            // The kernel dumps a zero timeout and zero flags we never send.
+            "dynset"
+                if u(3)? == DYNSET_OP_UPDATE
+                    && f.get(5).is_none()
+                    && f.get(7).is_none()
+                    && f.get(6).is_none_or(|p| p.iter().all(|b| *b == 0))
+                    && f.get(8).is_none_or(|p| p.iter().all(|b| *b == 0)) =>
+            {
+                Expr::DynsetUpdate {
+                    sreg: u(4)?,
+                    set: Payload::new(ctx, 1, f.req(ctx, 1)?).string()?,
+                }
+            }
             "fib" => Expr::Fib {
                 dreg: u(1)?,
                 result: u(2)?,
@@ -616,6 +643,10 @@ mod tests {
         round_trip(Expr::Numgen {
             dreg: 1,
             modulus: 3,
+        });
+        round_trip(Expr::DynsetUpdate {
+            sreg: 1,
+            set: "affinity".into(),
         });
         round_trip(Expr::Fib {
             dreg: 1,

@@ -11,11 +11,15 @@ use super::expr::{
 };
 use crate::ruleset::{
     BaseChain, Chain, Element, Family, Field, KeyType, KeyValue, Rule, Set, Stmt, Table, Verdict,
+    DYNAMIC_SET_SIZE,
 };
 use std::net::IpAddr;
 
 /// `NFT_SET_MAP`.
 pub const SET_F_MAP: u32 = 0x8;
+/// `NFT_SET_TIMEOUT` and `NFT_SET_EVAL` (nft's `flags timeout` and `dynamic`).
+pub const SET_F_TIMEOUT: u32 = 0x10;
+pub const SET_F_EVAL: u32 = 0x20;
 /// `NFT_DATA_VERDICT`: the data type of a verdict map.
 pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
 
@@ -64,6 +68,9 @@ pub struct KernelSet {
     pub key_type: u32,
     pub key_len: u32,
     pub data_type: Option<u32>,
+    /// Element timeout of a dynamic set, in milliseconds, and its size.
+    pub timeout_ms: Option<u64>,
+    pub size: Option<u32>,
     pub userdata: Option<Vec<u8>>,
     pub elements: Vec<KernelElement>,
 }
@@ -191,12 +198,18 @@ pub fn lower_set(set: &Set) -> KernelSet {
     if let Some(c) = &set.comment {
         udata_tlv(&mut ud, UDATA_SET_COMMENT, &strz(c));
     }
+    let mut flags = if set.verdict_map { SET_F_MAP } else { 0 };
+    if set.timeout.is_some() {
+        flags |= SET_F_TIMEOUT | SET_F_EVAL;
+    }
     KernelSet {
         name: set.name.clone(),
-        flags: if set.verdict_map { SET_F_MAP } else { 0 },
+        flags,
         key_type,
         key_len,
         data_type: set.verdict_map.then_some(DATA_TYPE_VERDICT),
+        timeout_ms: set.timeout.map(|t| t as u64 * 1000),
+        size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
         userdata: Some(ud),
         elements: set
             .elements
@@ -451,6 +464,13 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 set: map.clone(),
                 dreg: Some(REG_VERDICT),
                 invert: false,
+            });
+        }
+        Stmt::SetUpdate { field, set } => {
+            load_field(family, *field, 0, out);
+            out.push(Expr::DynsetUpdate {
+                sreg: REG_1,
+                set: set.clone(),
             });
         }
         Stmt::MarkOr(m) => mark_rewrite(!m, *m, out),

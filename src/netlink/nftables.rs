@@ -322,7 +322,13 @@ impl Batch {
                 w.put_u32(6, d);
                 w.put_u32(7, 0);
             }
+            if let Some(size) = set.size {
+                w.nest(9, |w| w.put_u32(1, size));
+            }
             w.put_u32(10, id);
+            if let Some(t) = set.timeout_ms {
+                w.put_u64(11, t);
+            }
             if let Some(u) = &set.userdata {
                 w.put(13, u);
             }
@@ -793,6 +799,8 @@ pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, Nf
         key_type: 0,
         key_len: 0,
         data_type: None,
+        timeout_ms: None,
+        size: None,
         userdata: None,
         elements: Vec::new(),
     };
@@ -807,6 +815,15 @@ pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, Nf
             4 => set.key_type = pl.u32()?,
             5 => set.key_len = pl.u32()?,
             6 => set.data_type = Some(pl.u32()?),
+            9 => {
+                for a in Attrs::new(p) {
+                    let (k, v) = a?;
+                    if k == 1 {
+                        set.size = Some(Payload::new("set desc", k, v).u32()?);
+                    }
+                }
+            }
+            11 => set.timeout_ms = Some(pl.u64()?),
             13 => set.userdata = Some(p.to_vec()),
             _ => {}
         }
