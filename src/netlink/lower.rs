@@ -615,6 +615,7 @@ mod tests {
             key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
             verdict_map: true,
             comment: None,
+            timeout: None,
             elements: vec![],
         });
         assert_eq!(set.key_type, 0x730d);
