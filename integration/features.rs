@@ -271,6 +271,9 @@ fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() 
     assert_dropped(c.client(), "198.51.100.20:80");
     let from_pod = tally(&c.pod_ns("pod-c"), &node_port(30082), 10, false);
     assert!(from_pod.errors.is_empty(), "{:?}", from_pod.errors);
+    // The node's own processes too (checked after DNAT, so not dropped).
+    let on_node = tally(c.node(), "198.51.100.20:80", 5, false);
+    assert!(on_node.errors.is_empty(), "{:?}", on_node.errors);
 }
 
 fn answers_status(ns: &str, code: u16) -> bool {
