@@ -152,7 +152,7 @@ fn lower_service(
     let elements = rules
         .elements
         .iter()
-        .map(|(set, e)| (*set, lower_element(e, e.key.len() > 1)))
+        .map(|(set, e)| (*set, lower_element(e)))
         .collect();
     Some(LoweredService {
         sets: rules.sets.iter().map(lower_set).collect(),
@@ -345,7 +345,7 @@ impl Proxier {
             let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
             for (set, e) in node_elements(&self.state, &self.config, family) {
-                let e = lower_element(&e, e.key.len() > 1);
+                let e = lower_element(&e);
                 wanted_elements
                     .entry(set)
                     .or_default()
@@ -383,7 +383,7 @@ impl Proxier {
             let hairpin = wanted_elements.entry(SET_HAIRPIN).or_default();
             for (f, a) in hairpin_refs.keys() {
                 if *f == family {
-                    let e = lower_element(&hairpin_element(*a), true);
+                    let e = lower_element(&hairpin_element(*a));
                     hairpin.insert(e.key.clone(), e);
                 }
             }
@@ -486,7 +486,7 @@ impl Proxier {
         for ((family, addr), delta) in hairpin_delta {
             let before = self.hairpin_refs.get(&(family, addr)).copied().unwrap_or(0);
             let after = (before as isize + delta).max(0) as usize;
-            let e = lower_element(&hairpin_element(addr), true);
+            let e = lower_element(&hairpin_element(addr));
             match (before, after) {
                 (0, n) if n > 0 => plan.add_element(family, SET_HAIRPIN, e),
                 (n, 0) if n > 0 => plan.delete_element(family, SET_HAIRPIN, e),

@@ -214,7 +214,7 @@ pub fn lower_set(set: &Set) -> KernelSet {
         elements: set
             .elements
             .iter()
-            .map(|e| lower_element(e, set.key.len() > 1))
+            .map(lower_element)
             .collect(),
     }
 }
@@ -235,9 +235,11 @@ pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
     out
 }
 
-pub fn lower_element(e: &Element, concatenated: bool) -> KernelElement {
+/// An element's key is concatenated (each field padded) exactly when it has
+/// several fields, as its set's key type does.
+pub fn lower_element(e: &Element) -> KernelElement {
     KernelElement {
-        key: lower_key(&e.key, concatenated),
+        key: lower_key(&e.key, e.key.len() > 1),
         verdict: e.verdict.clone(),
         userdata: comment_udata(&e.comment),
     }
