@@ -153,13 +153,14 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
         };
         config.validate().map_err(|e| e.to_string())?;
-        let config = daemon::with_local_addresses(config);
         Ok(config)
     }
 
     /// Loads and translates; a manifest that cannot be read at all is an error,
-    /// a malformed object in one is logged and skipped.
+    /// a malformed object in one is logged and skipped. (`run` reads the node's
+    /// addresses itself, on every load; `render` reads them here.)
     fn desired(&self, config: &NodeConfig) -> Result<kube_nft::translate::Ruleset, String> {
+        let config = &daemon::with_local_addresses(config.clone());
         let loaded = files::load(&self.manifests).map_err(|e| e.to_string())?;
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
