@@ -22,7 +22,7 @@ pub struct ServiceHealth {
 /// The health-check ports this node must serve, from the model: every Service
 /// with a `healthCheckNodePort`, with its ready endpoints on this node.
 pub fn wanted(state: &ClusterState) -> BTreeMap<u16, ServiceHealth> {
-    let node = state.node.as_ref().map(|n| n.name.as_str());
+    let node = state.node.as_ref();
     let mut out = BTreeMap::new();
     for svc in state.services.values() {
         let Some(port) = svc.health_check_node_port else {
@@ -32,7 +32,7 @@ pub fn wanted(state: &ClusterState) -> BTreeMap<u16, ServiceHealth> {
             .ports
             .iter()
             .flat_map(|p| state.endpoints_for(svc, p))
-            .filter(|e| e.conditions.ready && node.is_some() && e.node_name.as_deref() == node)
+            .filter(|e| e.conditions.ready && e.is_on(node))
             .map(|e| e.addr)
             .collect();
         local.sort();

@@ -131,6 +131,13 @@ pub struct Conditions {
     pub terminating: bool,
 }
 
+impl Conditions {
+    /// Still serving while terminating: used when no endpoint is ready.
+    pub fn serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub addr: IpAddr,
@@ -173,6 +180,13 @@ pub struct PortEndpoint {
     pub node_name: Option<String>,
     pub zone: Option<String>,
     pub hints: Hints,
+}
+
+impl PortEndpoint {
+    /// Whether the endpoint runs on this node (never, when the node is unknown).
+    pub fn is_on(&self, node: Option<&NodeInfo>) -> bool {
+        node.is_some_and(|n| self.node_name.as_deref() == Some(n.name.as_str()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -242,8 +242,7 @@ fn usable<'a>(eps: impl Iterator<Item = &'a PortEndpoint> + Clone) -> Vec<&'a Po
     if !ready.is_empty() {
         return ready;
     }
-    eps.filter(|e| e.conditions.serving && e.conditions.terminating)
-        .collect()
+    eps.filter(|e| e.conditions.serving_terminating()).collect()
 }
 
 /// The endpoints of one Service port, as each traffic policy sees them.
@@ -315,16 +314,13 @@ pub fn categorize<'a>(
         if out.cluster.is_empty() {
             out.cluster = eps
                 .iter()
-                .filter(|e| e.conditions.serving && e.conditions.terminating)
+                .filter(|e| e.conditions.serving_terminating())
                 .collect();
         }
         out.has_any = !out.cluster.is_empty();
     }
     if svc.uses_local_endpoints() {
-        let is_local = |e: &&PortEndpoint| {
-            node.is_some_and(|n| e.node_name.as_deref() == Some(n.name.as_str()))
-        };
-        out.local = usable(eps.iter().filter(is_local));
+        out.local = usable(eps.iter().filter(|e| e.is_on(node)));
         out.has_any |= !usable_endpoints(eps).is_empty();
     }
     out

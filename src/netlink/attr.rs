@@ -8,6 +8,15 @@ pub const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 const NLA_HDRLEN: usize = 4;
 
+/// An address attribute's payload: 4 bytes IPv4, 16 bytes IPv6.
+pub fn ip_from_bytes(p: &[u8]) -> Option<std::net::IpAddr> {
+    match p.len() {
+        4 => Some(<[u8; 4]>::try_from(p).ok()?.into()),
+        16 => Some(<[u8; 16]>::try_from(p).ok()?.into()),
+        _ => None,
+    }
+}
+
 pub fn align4(n: usize) -> usize {
     (n + 3) & !3
 }

@@ -2,7 +2,7 @@
 //! uses it to forget UDP flows to endpoints that went away (UDP has no close, so
 //! without this a client keeps sending to a dead endpoint until the entry expires).
 
-use super::attr::{AttrWriter, Attrs, ParseError};
+use super::attr::{ip_from_bytes, AttrWriter, Attrs, ParseError};
 use super::message::{exchange, finish_msg, Refusal, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use super::nftables::put_header;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
@@ -76,10 +76,8 @@ fn parse_tuple(buf: &[u8]) -> Result<Option<Tuple>, ParseError> {
             CTA_TUPLE_IP => {
                 for a in Attrs::new(p) {
                     let (k, p) = a?;
-                    let ip = match p.len() {
-                        4 => IpAddr::from(<[u8; 4]>::try_from(p).unwrap()),
-                        16 => IpAddr::from(<[u8; 16]>::try_from(p).unwrap()),
-                        _ => continue,
+                    let Some(ip) = ip_from_bytes(p) else {
+                        continue;
                     };
                     match k {
                         CTA_IP_V4_SRC | CTA_IP_V6_SRC => src = Some(ip),

@@ -211,11 +211,7 @@ pub fn lower_set(set: &Set) -> KernelSet {
         timeout_ms: set.timeout.map(|t| t as u64 * 1000),
         size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
         userdata: Some(ud),
-        elements: set
-            .elements
-            .iter()
-            .map(lower_element)
-            .collect(),
+        elements: set.elements.iter().map(lower_element).collect(),
     }
 }
 

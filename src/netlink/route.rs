@@ -1,7 +1,7 @@
 //! rtnetlink, for the one thing kube-nft needs from it: this node's addresses
 //! (which `--nodeport-addresses` CIDRs select from).
 
-use super::attr::{Attrs, ParseError};
+use super::attr::{ip_from_bytes, Attrs, ParseError};
 use super::message::{exchange, finish_msg, put_nlmsghdr, Refusal, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use std::io;
@@ -45,11 +45,7 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, RouteError> {
         let (mut address, mut local) = (None, None);
         for a in Attrs::new(&msg.payload[IFADDRMSG_LEN..]) {
             let (k, p) = a?;
-            let ip = match p.len() {
-                4 => Some(IpAddr::from(<[u8; 4]>::try_from(p).unwrap())),
-                16 => Some(IpAddr::from(<[u8; 16]>::try_from(p).unwrap())),
-                _ => None,
-            };
+            let ip = ip_from_bytes(p);
             match k {
                 IFA_ADDRESS => address = ip,
                 IFA_LOCAL => local = ip,
