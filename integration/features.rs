@@ -63,6 +63,16 @@ fn assert_dropped(ns: &str, target: &str) {
     assert_eq!(err, Some(ErrorKind::TimedOut), "{target} from {ns}");
 }
 
+/// The client address the pod saw for one request from `ns` (`GET /client`).
+fn client_address_seen(ns: &str, target: &str) -> String {
+    let target: SocketAddr = target.parse().unwrap();
+    kube_nft::netns::in_netns(ns, move || {
+        http_get_path(target, "/client", Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap()
+}
+
 fn assert_refused_at_once(ns: &str, target: &str) {
     let (err, took) = connect_error(ns, target, Duration::from_secs(3));
     assert_eq!(
@@ -110,15 +120,7 @@ fn node_ports_answer_outside_node_and_pod_clients_over_tcp_and_udp() {
     let from_pod = tally(&c.pod_ns("pod-c"), &node_port(30080), 10, false);
     assert!(from_pod.errors.is_empty(), "{:?}", from_pod.errors);
     // externalTrafficPolicy: Cluster masquerades: the pod sees the node, not the client.
-    let seen = kube_nft::netns::in_netns(c.client(), || {
-        http_get_path(
-            node_port(30080).parse().unwrap(),
-            "/client",
-            Duration::from_secs(2),
-        )
-    })
-    .unwrap()
-    .unwrap();
+    let seen = client_address_seen(c.client(), &node_port(30080));
     assert_ne!(seen, CLIENT_V4);
     // No endpoints: refused at once, from outside and from the node.
     assert_refused_at_once(c.client(), &node_port(30090));
@@ -239,15 +241,7 @@ fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() 
         &tally(c.client(), "198.51.100.20:80", 20, false),
         &["pod-a"],
     );
-    let seen = kube_nft::netns::in_netns(c.client(), || {
-        http_get_path(
-            node_port(30082).parse().unwrap(),
-            "/client",
-            Duration::from_secs(2),
-        )
-    })
-    .unwrap()
-    .unwrap();
+    let seen = client_address_seen(c.client(), &node_port(30082));
     assert_eq!(seen, CLIENT_V4);
     // Pods are served like internal traffic: by every endpoint.
     assert_only(
