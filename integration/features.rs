@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::sctp::{self, Capture};
 use common::*;
 use kube_nft::lab::hostname_server::http_get_path;
 use kube_nft::lab::topology::{CLIENT_V4, GATEWAY_V4, UPLINK_V4};
@@ -526,4 +527,56 @@ fn session_affinity_keeps_a_client_on_one_live_endpoint_until_the_timeout() {
     }
     // P(8 fresh picks all equal) = 3 * 3^-8 < 0.05%.
     assert!(seen.len() > 1, "the affinity never expired: {seen:?}");
+}
+
+#[test]
+fn sctp_cluster_ip_and_node_port_are_natted_to_every_endpoint_with_valid_checksums() {
+    assert_eq!(sctp::crc32c(b"123456789"), 0xE306_9283, "RFC check value");
+    let c = Cluster::new("sctp", &PODS, &[9376]);
+    let spec = "  type: NodePort\n  clusterIP: 10.96.5.20\n  ports: [{name: assoc, protocol: SCTP, port: 7777, targetPort: 9377, nodePort: 30777}]";
+    let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: assoc-a, namespace: default, labels: {kubernetes.io/service-name: assoc}}\naddressType: IPv4\nports: [{name: assoc, protocol: SCTP, port: 9377}]\nendpoints: [{addresses: [10.244.1.10]}, {addresses: [10.244.1.11]}]\n";
+    c.apply_with(
+        &(node_object("zone-a") + &svc("assoc", spec, "") + slice),
+        &node_flag(),
+    );
+    let pods = ["pod-a", "pod-b"].map(|p| (p, Capture::open(&c.pod_ns(p))));
+
+    let vip = "10.96.5.20:7777".parse().unwrap();
+    let node_port = node_port(30777).parse().unwrap();
+    // One tag range per client: outside → NodePort, pod → ClusterIP, node → ClusterIP.
+    let outside: Vec<u32> = (1000..1020).collect();
+    let from_pod: Vec<u32> = (2000..2020).collect();
+    let on_node: Vec<u32> = (3000..3010).collect();
+    sctp::send_inits(c.client(), node_port, outside.clone());
+    sctp::send_inits(&c.pod_ns("pod-c"), vip, from_pod.clone());
+    sctp::send_inits(c.node(), vip, on_node.clone());
+
+    let mut arrived = Vec::new();
+    for (pod, capture) in &pods {
+        let own: std::net::Ipv4Addr = PODS.iter().find(|(n, _)| n == pod).unwrap().1[0]
+            .parse()
+            .unwrap();
+        let got = capture.drain(Duration::from_millis(700));
+        for a in &got {
+            assert_eq!((a.dst, a.dst_port), (own, 9377), "{pod} got {a:?}");
+            assert!(a.checksum_ok, "NAT left a bad CRC32c: {a:?}");
+            if outside.contains(&a.tag) {
+                // externalTrafficPolicy: Cluster masquerades outside clients.
+                assert_ne!(a.src.to_string(), CLIENT_V4, "{a:?}");
+            }
+            if from_pod.contains(&a.tag) {
+                assert_eq!(
+                    a.src.to_string(),
+                    "10.244.1.12",
+                    "pod traffic is not masqueraded"
+                );
+            }
+        }
+        // P(one pod gets none of the 50 flows) = 2 * 2^-50.
+        assert!(!got.is_empty(), "{pod} got no SCTP flow");
+        arrived.extend(got.into_iter().map(|a| a.tag));
+    }
+    arrived.sort();
+    let sent: Vec<u32> = outside.into_iter().chain(from_pod).chain(on_node).collect();
+    assert_eq!(arrived, sent, "every INIT reaches exactly one endpoint");
 }

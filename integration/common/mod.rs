@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod sctp;
+
 use kube_nft::lab::hostname_server::{http_get, udp_ask, HostnameServer};
 use kube_nft::lab::topology::Topology;
 use std::collections::BTreeMap;
