@@ -580,3 +580,104 @@ fn sctp_cluster_ip_and_node_port_are_natted_to_every_endpoint_with_valid_checksu
     let sent: Vec<u32> = outside.into_iter().chain(from_pod).chain(on_node).collect();
     assert_eq!(arrived, sent, "every INIT reaches exactly one endpoint");
 }
+
+/// `kube-nft top` in `ns`: (packets, bytes) by Service port, in the listed order.
+fn top(ns: &str) -> Vec<(String, u64, u64)> {
+    let out = kube_nft_in(ns, &["top"]);
+    assert!(
+        out.status.success(),
+        "kube-nft top: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (
+                f[0].to_string(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn counted(rows: &[(String, u64, u64)], port: &str) -> (u64, u64) {
+    rows.iter()
+        .find(|r| r.0 == port)
+        .map(|r| (r.1, r.2))
+        .unwrap_or_else(|| panic!("{port} not in {rows:?}"))
+}
+
+#[test]
+fn counters_count_every_packet_both_ways_and_top_ranks_the_ports() {
+    let c = Cluster::new("count", &PODS, &[9376]);
+    let quiet = svc(
+        "quiet",
+        "  clusterIP: 10.96.5.3\n  ports: [{name: dns, protocol: UDP, port: 53, targetPort: 9376}]",
+        "",
+    ) + &eps("quiet", &[ep("10.244.1.12", NODE, "")]);
+    let manifests = nodeport_manifests() + &quiet;
+    let with_counters = ["--node-name", NODE, "--counters"];
+    c.apply_with(&manifests, &with_counters);
+
+    // UDP: one request and one reply per flow, so the counts are exact, and they
+    // prove both directions on each path: forwarded from a pod, to a NodePort from
+    // outside (masqueraded), and from a process on the node (output and input).
+    for (ns, target, n) in [
+        (c.pod_ns("pod-c"), "10.96.5.1:53".to_string(), 5),
+        (c.client().to_string(), node_port(30053), 4),
+        (c.node().to_string(), "10.96.5.1:53".to_string(), 3),
+        (c.client().to_string(), "10.96.5.3:53".to_string(), 1),
+    ] {
+        let t = tally(&ns, &target, n, true);
+        assert!(t.errors.is_empty(), "{target} from {ns}: {:?}", t.errors);
+    }
+    let http = tally(&c.pod_ns("pod-c"), "10.96.5.1:80", 10, false);
+    assert!(http.errors.is_empty(), "{:?}", http.errors);
+    assert_refused_at_once(c.client(), &node_port(30090));
+
+    let rows = top(c.node());
+    assert_eq!(
+        counted(&rows, "default/np:dns").0,
+        2 * (5 + 4 + 3),
+        "{rows:?}"
+    );
+    assert_eq!(counted(&rows, "default/quiet:dns").0, 2, "{rows:?}");
+    // Ten HTTP exchanges: handshakes, requests, answers and closes, both ways.
+    let (http_packets, http_bytes) = counted(&rows, "default/np:http");
+    assert!(http_packets >= 10 * 8, "{rows:?}");
+    // The refused attempt counts too (the SYN and the reset sent back for it).
+    assert!(counted(&rows, "default/np-empty:http").0 >= 1, "{rows:?}");
+    let bytes: Vec<u64> = rows.iter().map(|r| r.2).collect();
+    assert!(
+        bytes.windows(2).all(|w| w[0] >= w[1]),
+        "not ranked: {rows:?}"
+    );
+    assert_eq!(rows[0].0, "default/np:http");
+    assert_eq!(rows[0].2, http_bytes);
+
+    // A new sync (a fresh process, another endpoint) keeps the counts.
+    let more = manifests.replace(
+        &ep("10.244.1.11", NODE, ""),
+        &(ep("10.244.1.11", NODE, "") + &ep("10.244.1.12", NODE, "")),
+    );
+    assert_ne!(more, manifests);
+    c.apply_with(&more, &with_counters);
+    assert_eq!(counted(&top(c.node()), "default/np:dns").0, 24);
+
+    // Without --counters the counters go, and top says why it has nothing.
+    c.apply_with(&more, &node_flag());
+    let out = kube_nft_in(c.node(), &["top"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--counters"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!nft_list(c.node()).contains("counter"));
+    let after = tally(c.client(), "10.96.5.1:80", 6, false);
+    assert!(after.errors.is_empty(), "{:?}", after.errors);
+}

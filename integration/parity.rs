@@ -313,3 +313,16 @@ fn parity_with_unaligned_cidrs_and_another_masquerade_bit() {
 fn parity_without_cidrs() {
     check_parity("pc", NodeConfig::default());
 }
+
+#[test]
+fn parity_with_counters() {
+    check_parity(
+        "pd",
+        NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            counters: true,
+            ..NodeConfig::default()
+        },
+    );
+}

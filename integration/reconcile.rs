@@ -56,10 +56,18 @@ fn with_proxier<T: Send + 'static>(
     tag: &str,
     f: impl FnOnce(&mut Proxier) -> T + Send + 'static,
 ) -> T {
+    with_proxier_config(tag, config(), f)
+}
+
+fn with_proxier_config<T: Send + 'static>(
+    tag: &str,
+    config: NodeConfig,
+    f: impl FnOnce(&mut Proxier) -> T + Send + 'static,
+) -> T {
     require_root();
     let ns = Netns::create(&unique(tag)).unwrap();
     in_netns(&ns.name, move || {
-        let mut p = Proxier::new(config()).unwrap();
+        let mut p = Proxier::new(config).unwrap();
         f(&mut p)
     })
     .unwrap()
@@ -70,7 +78,24 @@ type Step = (&'static str, Box<dyn Fn(&mut Proxier)>);
 
 #[test]
 fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset() {
-    with_proxier("partial", |p| {
+    check_partial_syncs("partial", config());
+}
+
+/// The same steps with a named counter per Service port: Services added and
+/// deleted take their counters and counter-map elements with them.
+#[test]
+fn partial_syncs_keep_counters_in_step() {
+    check_partial_syncs(
+        "partialc",
+        NodeConfig {
+            counters: true,
+            ..config()
+        },
+    );
+}
+
+fn check_partial_syncs(tag: &str, config: NodeConfig) {
+    with_proxier_config(tag, config, |p| {
         for i in 0..20 {
             add_service(p, i, 1 + i % 5);
         }

@@ -18,4 +18,5 @@ pub mod ruleset;
 pub mod source;
 pub mod stale_flows;
 pub mod text;
+pub mod top;
 pub mod translate;

@@ -46,6 +46,13 @@ enum Command {
     },
     /// Remove kube-nft's tables from the current network namespace, and nothing else.
     Cleanup,
+    /// List the Service ports by traffic (packets and bytes, both directions, both
+    /// families), from the counters `run --counters` keeps.
+    Top {
+        /// Show only the busiest N.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// A Service demo in network namespaces: pods, a client, and the proxy.
     Lab {
         /// Services and EndpointSlices to run instead of the built-in `hostnames` example.
@@ -105,6 +112,9 @@ enum Command {
         services: usize,
         #[arg(long)]
         endpoints: usize,
+        /// With `--counters` (to measure what counting costs).
+        #[arg(long)]
+        counters: bool,
     },
     /// A pod's workload: answer with NAME on TCP (HTTP) and UDP ports (used by the lab).
     #[command(hide = true)]
@@ -141,6 +151,10 @@ struct ProxyArgs {
     /// comma-separated CIDRs selecting this node's addresses. Never loopback.
     #[arg(long, default_value = "primary")]
     nodeport_addresses: NodePortAddresses,
+    /// Count every Service port's packets and bytes (a named counter per port,
+    /// listed by `kube-nft top` and `nft list counters`).
+    #[arg(long)]
+    counters: bool,
 }
 
 impl ProxyArgs {
@@ -151,6 +165,7 @@ impl ProxyArgs {
             masquerade_bit: self.masquerade_bit,
             nodeport_addresses: self.nodeport_addresses.clone(),
             local_addresses: Vec::new(),
+            counters: self.counters,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -209,6 +224,7 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string())
             .and_then(|mut s| proxy::cleanup(&mut s).map_err(|e| e.to_string()))
             .map(|_| true),
+        Command::Top { limit } => top(limit),
         Command::Lab {
             manifests,
             requests,
@@ -256,7 +272,8 @@ fn main() -> ExitCode {
             netns,
             services,
             endpoints,
-        } => kube_nft::bench::child_sync(&netns, services, endpoints).map(|_| true),
+            counters,
+        } => kube_nft::bench::child_sync(&netns, services, endpoints, counters).map(|_| true),
         Command::Serve { netns, name, ports } => {
             serve(netns.as_deref(), &name, &ports).map(|_| true)
         }
@@ -268,6 +285,22 @@ fn main() -> ExitCode {
             eprintln!("kube-nft: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn top(limit: Option<usize>) -> Result<bool, String> {
+    use kube_nft::top;
+    let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
+    match top::read(&mut sock).map_err(|e| e.to_string())? {
+        Some(mut rows) => {
+            rows.truncate(limit.unwrap_or(usize::MAX));
+            print!("{}", top::table(&rows));
+            Ok(true)
+        }
+        None => Err(
+            "no Service counters here: is kube-nft running in this network namespace with --counters?"
+                .into(),
+        ),
     }
 }
 

@@ -16,7 +16,8 @@
 use crate::model::{build_state, ClusterState, Objects, Rejected, ServiceKey, Validated};
 use crate::netlink::diff::{diff_rules, Plan};
 use crate::netlink::lower::{
-    lower_chain, lower_element, lower_set, lower_table, KernelChain, KernelElement, KernelSet,
+    lower_chain, lower_counter, lower_element, lower_set, lower_table, KernelChain, KernelCounter,
+    KernelElement, KernelSet,
 };
 use crate::netlink::view::{slots, RuleView, TableView};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
@@ -104,6 +105,11 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
     }
     a_sets.sort_by(|x, y| x.name.cmp(&y.name));
     b_sets.sort_by(|x, y| x.name.cmp(&y.name));
+    let counters = |t: &KernelTable| {
+        let mut v = t.counters.clone();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    };
     fn by_name(t: &KernelTable) -> Vec<&KernelChain> {
         let mut v: Vec<&KernelChain> = t.chains.iter().collect();
         v.sort_by(|x, y| x.name.cmp(&y.name));
@@ -113,6 +119,7 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
     a.family == b.family
         && a.name == b.name
         && a.userdata == b.userdata
+        && counters(a) == counters(b)
         && a_sets == b_sets
         && a_chains.len() == b_chains.len()
         && a_chains.iter().zip(&b_chains).all(|(x, y)| {
@@ -129,6 +136,7 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
 struct Applied {
     chains: Vec<String>,
     sets: Vec<String>,
+    counters: Vec<String>,
     elements: Vec<(&'static str, KernelElement)>,
     hairpin: Vec<IpAddr>,
 }
@@ -137,6 +145,7 @@ struct Applied {
 struct LoweredService {
     chains: Vec<KernelChain>,
     sets: Vec<KernelSet>,
+    counters: Vec<KernelCounter>,
     applied: Applied,
 }
 
@@ -156,9 +165,11 @@ fn lower_service(
         .collect();
     Some(LoweredService {
         sets: rules.sets.iter().map(lower_set).collect(),
+        counters: rules.counters.iter().map(lower_counter).collect(),
         applied: Applied {
             chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
             sets: rules.sets.iter().map(|s| s.name.clone()).collect(),
+            counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
             elements,
             hairpin: rules.hairpin.clone(),
         },
@@ -342,6 +353,7 @@ impl Proxier {
                 skeleton.chains.iter().map(|c| c.name.clone()).collect();
             let mut wanted_sets: BTreeSet<String> =
                 skeleton.sets.iter().map(|s| s.name.clone()).collect();
+            let mut wanted_counters = BTreeSet::new();
             let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
             for (set, e) in node_elements(&self.state, &self.config, family) {
@@ -356,6 +368,14 @@ impl Proxier {
                 else {
                     continue;
                 };
+                for c in svc.counters {
+                    if wanted_counters.insert(c.name.clone()) {
+                        match view.and_then(|v| v.counters.get(&c.name)) {
+                            None => plan.add_counter(family, c),
+                            Some(have) => rebuild |= *have != c,
+                        }
+                    }
+                }
                 for set in svc.sets {
                     if wanted_sets.insert(set.name.clone()) {
                         match view.and_then(|v| v.set(&set.name)) {
@@ -400,6 +420,9 @@ impl Proxier {
                 }
                 for s in v.sets.iter().filter(|s| !wanted_sets.contains(&s.def.name)) {
                     plan.delete_set(family, &s.def.name);
+                }
+                for name in v.counters.keys().filter(|n| !wanted_counters.contains(*n)) {
+                    plan.delete_counter(family, name);
                 }
             }
             if rebuild {
@@ -447,10 +470,23 @@ impl Proxier {
                     .cloned()
                     .unwrap_or_default();
                 let new = lower_service(&self.state, key, family, &self.config, &hints);
-                let (chains, sets, new_applied) = match new {
-                    Some(s) => (s.chains, s.sets, s.applied),
-                    None => (Vec::new(), Vec::new(), Applied::default()),
+                let (chains, sets, counters, new_applied) = match new {
+                    Some(s) => (s.chains, s.sets, s.counters, s.applied),
+                    None => Default::default(),
                 };
+                for c in counters
+                    .into_iter()
+                    .filter(|c| !old.counters.contains(&c.name))
+                {
+                    plan.add_counter(family, c);
+                }
+                for c in old
+                    .counters
+                    .iter()
+                    .filter(|c| !new_applied.counters.contains(c))
+                {
+                    plan.delete_counter(family, c);
+                }
                 for set in sets.into_iter().filter(|s| !old.sets.contains(&s.name)) {
                     plan.add_set(family, set);
                 }

@@ -99,9 +99,19 @@ pub struct Table {
     pub family: Family,
     pub name: String,
     pub comment: Option<String>,
-    /// Listed (and created) in this order, like `nft -f` does: sets before chains.
+    /// Listed (and created) in this order, like `nft -f` does: named counters,
+    /// sets, chains.
+    pub counters: Vec<NamedCounter>,
     pub sets: Vec<Set>,
     pub chains: Vec<Chain>,
+}
+
+/// A named counter object (`counter NAME { }`): rules and counter maps add to
+/// it, and it keeps its values while rules around it are rewritten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedCounter {
+    pub name: String,
+    pub comment: Option<String>,
 }
 
 impl Table {
@@ -134,12 +144,20 @@ impl KeyType {
     }
 }
 
-/// A named set, or a verdict map when `verdict_map` is true.
+/// What the elements of a map map to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MapData {
+    Verdict,
+    /// The name of a counter object (an object map: `type K : counter`).
+    Counter,
+}
+
+/// A named set, or a map when `data` says what its elements map to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Set {
     pub name: String,
     pub key: Vec<KeyType>,
-    pub verdict_map: bool,
+    pub data: Option<MapData>,
     pub comment: Option<String>,
     /// A set the rules fill as packets pass (`flags dynamic,timeout`), whose
     /// elements expire after this many seconds. Its elements are the kernel's.
@@ -167,9 +185,26 @@ impl fmt::Display for KeyValue {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
     pub key: Vec<KeyValue>,
-    /// Present exactly when the element belongs to a verdict map.
-    pub verdict: Option<Verdict>,
+    /// Present exactly when the element belongs to a map, and of its kind.
+    pub value: Option<Mapped>,
     pub comment: Option<String>,
+}
+
+/// The value of a map element.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Mapped {
+    Verdict(Verdict),
+    /// A counter object's name.
+    Counter(String),
+}
+
+impl fmt::Display for Mapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mapped::Verdict(v) => v.fmt(f),
+            Mapped::Counter(name) => write!(f, "\"{name}\""),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -284,6 +319,15 @@ pub enum Field {
     L4Proto,
     /// `th dport`: the transport destination port, whatever the protocol.
     Dport,
+    /// `th sport`.
+    Sport,
+}
+
+/// A packet's direction in its connection (`ct direction`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Original,
+    Reply,
 }
 
 /// One statement of a rule; a rule is a sequence of them, matches first.
@@ -299,6 +343,8 @@ pub enum Stmt {
     L4Proto(Protocol),
     /// `ct state new`.
     CtStateNew,
+    /// `ct direction original`.
+    CtDirection(Direction),
     /// `fib saddr type local`: the packet comes from one of this host's addresses.
     FibSaddrLocal,
     /// `meta mark & M == M`.
@@ -342,6 +388,12 @@ pub enum Stmt {
     /// refused at once.
     RejectTcpReset,
     Counter,
+    /// `counter name ip daddr . meta l4proto . th dport map @service-counters`:
+    /// adds the packet to the counter object the map names; no match, no count.
+    CounterByMap {
+        fields: Vec<Field>,
+        map: String,
+    },
     Verdict(Verdict),
 }
 

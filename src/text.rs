@@ -5,7 +5,8 @@
 //! check that our netlink encoder programs exactly what this text means.
 
 use crate::ruleset::{
-    Chain, Element, Family, Field, Hook, Rule, Set, Stmt, Table, DYNAMIC_SET_SIZE,
+    Chain, Direction, Element, Family, Field, Hook, MapData, NamedCounter, Rule, Set, Stmt, Table,
+    DYNAMIC_SET_SIZE,
 };
 use std::fmt::Write;
 
@@ -19,6 +20,7 @@ fn field(family: Family, f: Field) -> String {
         Field::Daddr => format!("{} daddr", family.keyword()),
         Field::L4Proto => "meta l4proto".to_string(),
         Field::Dport => "th dport".to_string(),
+        Field::Sport => "th sport".to_string(),
     }
 }
 
@@ -50,6 +52,8 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         }
         Stmt::L4Proto(p) => format!("meta l4proto {p}"),
         Stmt::CtStateNew => "ct state new".to_string(),
+        Stmt::CtDirection(Direction::Original) => "ct direction original".to_string(),
+        Stmt::CtDirection(Direction::Reply) => "ct direction reply".to_string(),
         Stmt::FibSaddrLocal => "fib saddr type local".to_string(),
         Stmt::MarkHas(m) => format!("meta mark & {} == {}", hex(*m), hex(*m)),
         Stmt::NumgenEq { modulus, value } => format!("numgen random mod {modulus} {value}"),
@@ -72,6 +76,9 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         // nft implies (and does not list) the `meta l4proto tcp` this needs.
         Stmt::RejectTcpReset => "reject with tcp reset".to_string(),
         Stmt::Counter => "counter packets 0 bytes 0".to_string(),
+        Stmt::CounterByMap { fields: fs, map } => {
+            format!("counter name {} map @{map}", fields(family, fs))
+        }
         Stmt::Verdict(v) => v.to_string(),
     }
 }
@@ -99,7 +106,7 @@ fn element(e: &Element) -> String {
     if let Some(c) = &e.comment {
         write!(out, " comment {}", quote(c)).unwrap();
     }
-    if let Some(v) = &e.verdict {
+    if let Some(v) = &e.value {
         write!(out, " : {v}").unwrap();
     }
     out
@@ -122,7 +129,7 @@ fn duration(secs: u32) -> String {
 }
 
 fn write_set(out: &mut String, s: &Set) {
-    let kw = if s.verdict_map { "map" } else { "set" };
+    let kw = if s.data.is_some() { "map" } else { "set" };
     let key = s
         .key
         .iter()
@@ -130,10 +137,10 @@ fn write_set(out: &mut String, s: &Set) {
         .collect::<Vec<_>>()
         .join(" . ");
     writeln!(out, "\t{kw} {} {{", s.name).unwrap();
-    if s.verdict_map {
-        writeln!(out, "\t\ttype {key} : verdict").unwrap();
-    } else {
-        writeln!(out, "\t\ttype {key}").unwrap();
+    match s.data {
+        Some(MapData::Verdict) => writeln!(out, "\t\ttype {key} : verdict").unwrap(),
+        Some(MapData::Counter) => writeln!(out, "\t\ttype {key} : counter").unwrap(),
+        None => writeln!(out, "\t\ttype {key}").unwrap(),
     }
     if let Some(t) = s.timeout {
         writeln!(out, "\t\tsize {DYNAMIC_SET_SIZE}").unwrap();
@@ -147,6 +154,15 @@ fn write_set(out: &mut String, s: &Set) {
         let items: Vec<String> = s.elements.iter().map(element).collect();
         writeln!(out, "\t\telements = {{ {} }}", items.join(",\n\t\t\t     ")).unwrap();
     }
+    writeln!(out, "\t}}").unwrap();
+}
+
+fn write_counter(out: &mut String, c: &NamedCounter) {
+    writeln!(out, "\tcounter {} {{", c.name).unwrap();
+    if let Some(comment) = &c.comment {
+        writeln!(out, "\t\tcomment {}", quote(comment)).unwrap();
+    }
+    writeln!(out, "\t\tpackets 0 bytes 0").unwrap();
     writeln!(out, "\t}}").unwrap();
 }
 
@@ -201,6 +217,13 @@ pub fn table(t: &Table) -> String {
         writeln!(out, "\tcomment {}", quote(c)).unwrap();
     }
     let mut first = true;
+    for c in &t.counters {
+        if !first {
+            out.push('\n');
+        }
+        first = false;
+        write_counter(&mut out, c);
+    }
     for s in &t.sets {
         if !first {
             out.push('\n');

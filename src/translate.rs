@@ -15,8 +15,8 @@
 
 use crate::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
 use crate::ruleset::{
-    clamp_comment, BaseChain, Chain, ChainType, Element, Family, Field, Hook, KeyType, KeyValue,
-    Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
+    clamp_comment, BaseChain, Chain, ChainType, Direction, Element, Family, Field, Hook, KeyType,
+    KeyValue, MapData, Mapped, NamedCounter, Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
 };
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +31,8 @@ pub const SET_NODEPORT_IPS: &str = "nodeport-ips";
 pub const MAP_SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const MAP_NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const MAP_FIREWALL_IPS: &str = "firewall-ips";
+pub const MAP_SERVICE_COUNTERS: &str = "service-counters";
+pub const MAP_NODEPORT_COUNTERS: &str = "nodeport-counters";
 pub const CHAIN_SERVICES: &str = "services";
 pub const CHAIN_SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
 pub const CHAIN_NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
@@ -54,6 +56,9 @@ pub struct NodeConfig {
     /// This node's interface addresses (read from the kernel by the caller), which
     /// `--nodeport-addresses` CIDRs select from.
     pub local_addresses: Vec<IpAddr>,
+    /// `--counters`: a named counter per Service port, counting every packet of
+    /// its connections in both directions.
+    pub counters: bool,
 }
 
 /// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
@@ -92,6 +97,7 @@ impl Default for NodeConfig {
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
             nodeport_addresses: NodePortAddresses::Primary,
             local_addresses: Vec::new(),
+            counters: false,
         }
     }
 }
@@ -348,11 +354,11 @@ fn regular(name: &str, rules: Vec<Rule>) -> Chain {
     }
 }
 
-fn set(name: &str, key: Vec<KeyType>, verdict_map: bool, comment: &str) -> Set {
+fn set(name: &str, key: Vec<KeyType>, data: Option<MapData>, comment: &str) -> Set {
     Set {
         name: name.to_string(),
         key,
-        verdict_map,
+        data,
         comment: Some(comment.to_string()),
         timeout: None,
         elements: Vec::new(),
@@ -426,52 +432,53 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         );
     }
 
-    Table {
+    let mut table = Table {
         family,
         name: TABLE_NAME.to_string(),
         comment: Some("kube-nft: Kubernetes Services (managed by kube-nft, do not edit)".into()),
+        counters: Vec::new(),
         sets: vec![
-            set(SET_CLUSTER_IPS, vec![addr], false, "active ClusterIPs"),
+            set(SET_CLUSTER_IPS, vec![addr], None, "active ClusterIPs"),
             set(
                 SET_NODEPORT_IPS,
                 vec![addr],
-                false,
+                None,
                 "this node's addresses that accept NodePort traffic",
             ),
             set(
                 MAP_SERVICE_IPS,
                 dispatch_key.clone(),
-                true,
+                Some(MapData::Verdict),
                 "ClusterIP, external IP or load balancer IP . protocol . port: the Service port's chain",
             ),
             set(
                 MAP_SERVICE_NODEPORTS,
                 nodeport_key.clone(),
-                true,
+                Some(MapData::Verdict),
                 "protocol . NodePort: the Service port's external chain",
             ),
             set(
                 MAP_NO_ENDPOINT_SERVICES,
                 dispatch_key.clone(),
-                true,
+                Some(MapData::Verdict),
                 "IP . protocol . port of Service ports with no (local) endpoints",
             ),
             set(
                 MAP_NO_ENDPOINT_NODEPORTS,
                 nodeport_key,
-                true,
+                Some(MapData::Verdict),
                 "protocol . NodePort of Service ports with no (local) endpoints",
             ),
             set(
                 MAP_FIREWALL_IPS,
                 dispatch_key,
-                true,
+                Some(MapData::Verdict),
                 "load balancer IP . protocol . port: the Service's source-range firewall",
             ),
             set(
                 SET_HAIRPIN,
                 vec![addr, addr],
-                false,
+                None,
                 "endpoint . endpoint: a pod reaching itself through a Service",
             ),
         ],
@@ -584,7 +591,78 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 ],
             ),
         ],
+    };
+    if config.counters {
+        add_counting(&mut table);
     }
+    table
+}
+
+/// `--counters`: every packet of a Service port's connections, both directions,
+/// adds to the port's named counter. Requests are counted before DNAT (their
+/// destination is still the Service's), replies after the reverse NAT (their
+/// source is the Service's again): one map lookup keyed like `service-ips`
+/// serves both. Only maps and a fixed number of rules: no chain per Service.
+fn add_counting(table: &mut Table) {
+    let addr = table.family.addr_type();
+    table.sets.push(set(
+        MAP_SERVICE_COUNTERS,
+        vec![addr, KeyType::InetProto, KeyType::InetService],
+        Some(MapData::Counter),
+        "Service IP . protocol . port: the Service port's counter",
+    ));
+    table.sets.push(set(
+        MAP_NODEPORT_COUNTERS,
+        vec![KeyType::InetProto, KeyType::InetService],
+        Some(MapData::Counter),
+        "protocol . NodePort: the Service port's counter",
+    ));
+    let count = |direction: Direction, addr: Field, port: Field| {
+        let in_nodeport_ips = Stmt::InSet {
+            fields: vec![addr],
+            set: SET_NODEPORT_IPS.into(),
+        };
+        vec![
+            Rule::new(vec![
+                Stmt::CtDirection(direction),
+                Stmt::CounterByMap {
+                    fields: vec![addr, Field::L4Proto, port],
+                    map: MAP_SERVICE_COUNTERS.into(),
+                },
+            ]),
+            Rule::new(vec![
+                Stmt::CtDirection(direction),
+                in_nodeport_ips,
+                Stmt::CounterByMap {
+                    fields: vec![Field::L4Proto, port],
+                    map: MAP_NODEPORT_COUNTERS.into(),
+                },
+            ]),
+        ]
+    };
+    for chain in table.chains.iter_mut() {
+        if chain.name == "filter-prerouting" || chain.name == "filter-output" {
+            chain
+                .rules
+                .extend(count(Direction::Original, Field::Daddr, Field::Dport));
+        }
+    }
+    let replies = count(Direction::Reply, Field::Saddr, Field::Sport);
+    // After the NAT hooks at 100, which restore the Service's address on replies.
+    table.chains.push(base(
+        "counters-input",
+        ChainType::Filter,
+        Hook::Input,
+        110,
+        replies.clone(),
+    ));
+    table.chains.push(base(
+        "counters-postrouting",
+        ChainType::Filter,
+        Hook::Postrouting,
+        110,
+        replies,
+    ));
 }
 
 fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
@@ -672,7 +750,7 @@ impl Affinity<'_> {
         Set {
             name: self.set_name(ep),
             key: vec![family.addr_type()],
-            verdict_map: false,
+            data: None,
             comment: None,
             timeout: Some(self.timeout),
             elements: Vec::new(),
@@ -747,12 +825,14 @@ pub struct ServiceRules {
     pub elements: Vec<(&'static str, Element)>,
     /// Endpoints that need a hairpin element (shared between Services).
     pub hairpin: Vec<IpAddr>,
+    /// One per Service port with `--counters`.
+    pub counters: Vec<NamedCounter>,
 }
 
 fn element(key: Vec<KeyValue>, verdict: Option<Verdict>, comment: &str) -> Element {
     Element {
         key,
-        verdict,
+        value: verdict.map(Mapped::Verdict),
         comment: Some(clamp_comment(comment)),
     }
 }
@@ -962,6 +1042,22 @@ pub fn service_rules(
         };
 
         let vip_key = dispatch_key(vip, port);
+        let counter = config.counters.then(|| {
+            let name = port_chain_name("svc", svc, port);
+            out.counters.push(NamedCounter {
+                name: name.clone(),
+                comment: Some(clamp_comment(&label)),
+            });
+            name
+        });
+        let counted = |key: Vec<KeyValue>| {
+            counter.as_ref().map(|name| Element {
+                key,
+                value: Some(Mapped::Counter(name.clone())),
+                comment: None,
+            })
+        };
+        let mut counted_keys = vec![vip_key.clone()];
         let internal = chains.internal(svc);
         match internal {
             Some(chain) => out.elements.push((
@@ -979,6 +1075,19 @@ pub fn service_rules(
             .chain(&lb_ips)
             .map(|ip| dispatch_key(*ip, port))
             .collect();
+        counted_keys.extend(external_keys.iter().cloned());
+        out.elements.extend(
+            counted_keys
+                .into_iter()
+                .filter_map(&counted)
+                .map(|e| (MAP_SERVICE_COUNTERS, e)),
+        );
+        if let Some(e) = port
+            .node_port
+            .and_then(|np| counted(nodeport_key(port, np)))
+        {
+            out.elements.push((MAP_NODEPORT_COUNTERS, e));
+        }
         if external_keys.is_empty() && port.node_port.is_none() {
             continue;
         }
@@ -1060,7 +1169,7 @@ pub fn node_elements(
                 SET_NODEPORT_IPS,
                 Element {
                     key: vec![KeyValue::Addr(ip)],
-                    verdict: None,
+                    value: None,
                     comment: None,
                 },
             )
@@ -1071,7 +1180,7 @@ pub fn node_elements(
 pub fn hairpin_element(addr: IpAddr) -> Element {
     Element {
         key: vec![KeyValue::Addr(addr), KeyValue::Addr(addr)],
-        verdict: None,
+        value: None,
         comment: None,
     }
 }
@@ -1096,6 +1205,7 @@ fn table_for(
         hairpin.extend(rules.hairpin);
         table.chains.extend(rules.chains);
         table.sets.extend(rules.sets);
+        table.counters.extend(rules.counters);
     }
     elements.insert(
         SET_HAIRPIN,
@@ -1274,7 +1384,10 @@ mod tests {
         assert!(t.set(MAP_SERVICE_IPS).unwrap().elements.is_empty());
         let ne = &t.set(MAP_NO_ENDPOINT_SERVICES).unwrap().elements;
         assert_eq!(ne.len(), 1);
-        assert_eq!(ne[0].verdict, Some(Verdict::Goto(CHAIN_REJECT.into())));
+        assert_eq!(
+            ne[0].value,
+            Some(Mapped::Verdict(Verdict::Goto(CHAIN_REJECT.into())))
+        );
         assert!(!t.chains.iter().any(|c| c.name.starts_with("svc-")));
         assert_eq!(t.set(SET_CLUSTER_IPS).unwrap().elements.len(), 1);
     }

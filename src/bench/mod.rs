@@ -133,9 +133,18 @@ pub fn peak_rss_kib() -> u64 {
 
 /// The hidden `bench-child` command: one full sync in a fresh process, printed as
 /// `sync_ms messages bytes peak_rss_kib`.
-pub fn child_sync(netns: &str, services: usize, endpoints: usize) -> Result<(), String> {
+pub fn child_sync(
+    netns: &str,
+    services: usize,
+    endpoints: usize,
+    counters: bool,
+) -> Result<(), String> {
     crate::netns::enter(netns).map_err(|e| e.to_string())?;
-    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+    let config = NodeConfig {
+        counters,
+        ..bench_config()
+    };
+    let mut p = Proxier::new(config).map_err(|e| e.to_string())?;
     p.replace_state(synthetic_state(services, endpoints));
     let r = p.sync().map_err(|e| e.to_string())?;
     println!(

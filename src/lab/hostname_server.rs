@@ -98,12 +98,12 @@ fn answer_http(mut conn: TcpStream, name: &str, peer: SocketAddr) -> io::Result<
     } else {
         format!("{name}\n")
     };
-    write!(
-        conn,
+    // One write, one segment: `write!` on the socket would send each piece alone.
+    let answer = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )?;
-    conn.flush()
+    );
+    conn.write_all(answer.as_bytes())
 }
 
 fn serve_udp(sock: UdpSocket, name: &str, stop: &AtomicBool) {
@@ -124,7 +124,7 @@ pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> io::Res
     let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
     conn.set_read_timeout(Some(timeout))?;
     conn.set_write_timeout(Some(timeout))?;
-    write!(conn, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
     let mut resp = String::new();
     conn.read_to_string(&mut resp)?;
     let (head, body) = resp

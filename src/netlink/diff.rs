@@ -2,11 +2,11 @@
 //! nf_tables operations that becomes one transaction.
 //!
 //! Order inside the transaction matters to the kernel, which checks references
-//! message by message: sets and chains are created before the rules and elements
-//! that refer to them, and elements pointing at a chain are deleted before the
-//! chain. The whole plan commits atomically, so packets never see a half state.
+//! message by message: counters, sets and chains are created before the rules and
+//! elements that refer to them, and elements pointing at a chain (or naming a
+//! counter) are deleted before it. The whole plan commits atomically, so packets never see a half state.
 
-use super::lower::{KernelChain, KernelElement, KernelRule, KernelSet, KernelTable};
+use super::lower::{KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable};
 use super::nftables::{write_table, Batch};
 use super::view::{fingerprint, RuleView};
 use crate::ruleset::{Family, TABLE_NAME};
@@ -49,6 +49,7 @@ pub struct Plan {
     /// Tables replaced whole (the fallback when a fine-grained change is not possible).
     rebuild: Vec<KernelTable>,
     add_tables: Vec<(Family, Option<Vec<u8>>)>,
+    add_counters: Vec<(Family, KernelCounter)>,
     add_sets: Vec<(Family, KernelSet)>,
     add_chains: Vec<(Family, KernelChain)>,
     rule_ops: Vec<(Family, String, RuleOp)>,
@@ -56,12 +57,14 @@ pub struct Plan {
     add_elements: BTreeMap<(Family, String), Vec<KernelElement>>,
     delete_chains: Vec<(Family, String)>,
     delete_sets: Vec<(Family, String)>,
+    delete_counters: Vec<(Family, String)>,
 }
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
         self.rebuild.is_empty()
             && self.add_tables.is_empty()
+            && self.add_counters.is_empty()
             && self.add_sets.is_empty()
             && self.add_chains.is_empty()
             && self.rule_ops.is_empty()
@@ -69,6 +72,7 @@ impl Plan {
             && self.add_elements.is_empty()
             && self.delete_chains.is_empty()
             && self.delete_sets.is_empty()
+            && self.delete_counters.is_empty()
     }
 
     pub fn rebuild(&mut self, table: KernelTable) {
@@ -77,6 +81,15 @@ impl Plan {
 
     pub fn add_table(&mut self, family: Family, userdata: Option<Vec<u8>>) {
         self.add_tables.push((family, userdata));
+    }
+
+    pub fn add_counter(&mut self, family: Family, counter: KernelCounter) {
+        self.add_counters.push((family, counter));
+    }
+
+    /// Deletes a counter once no element names it: after elements and sets go.
+    pub fn delete_counter(&mut self, family: Family, name: &str) {
+        self.delete_counters.push((family, name.to_string()));
     }
 
     pub fn add_set(&mut self, family: Family, set: KernelSet) {
@@ -135,6 +148,9 @@ impl Plan {
         for (f, ud) in self.add_tables.iter().filter(|x| keep(&x.0)) {
             b.add_table(*f, t, ud.as_deref());
         }
+        for (f, c) in self.add_counters.iter().filter(|x| keep(&x.0)) {
+            b.add_counter(*f, t, c);
+        }
         for (f, s) in self.add_sets.iter().filter(|x| keep(&x.0)) {
             b.add_set(*f, t, s);
         }
@@ -161,6 +177,9 @@ impl Plan {
         }
         for (f, set) in self.delete_sets.iter().filter(|x| keep(&x.0)) {
             b.delete_set(*f, t, set);
+        }
+        for (f, name) in self.delete_counters.iter().filter(|x| keep(&x.0)) {
+            b.delete_counter(*f, t, name);
         }
         b
     }

@@ -52,6 +52,13 @@ pub enum MetaKey {
     L4Proto = 16,
 }
 
+/// `enum nft_ct_keys` values we load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtKey {
+    State = 0,
+    Direction = 1,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmpOp {
     Eq = 0,
@@ -144,9 +151,15 @@ pub enum Expr {
         result: u32,
         flags: u32,
     },
-    /// `ct state` loaded into a register.
-    CtState {
+    /// A connection-tracking key of the packet's own flow loaded into a register.
+    Ct {
         dreg: u32,
+        key: CtKey,
+    },
+    /// `counter name <key> map @set`: the counter object the map holds for the key.
+    ObjrefMap {
+        sreg: u32,
+        set: String,
     },
     /// Counter values are state, not shape: two counters compare equal whatever they hold.
     Counter {
@@ -250,7 +263,8 @@ impl Expr {
             Expr::Dnat { .. } => "nat",
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
-            Expr::CtState { .. } => "ct",
+            Expr::Ct { .. } => "ct",
+            Expr::ObjrefMap { .. } => "objref",
             Expr::Fib { .. } => "fib",
             Expr::DynsetUpdate { .. } => "dynset",
             Expr::Counter { .. } => "counter",
@@ -355,9 +369,13 @@ impl Expr {
                 w.put_u32(1, *kind);
                 w.put(2, &[*code]);
             }
-            Expr::CtState { dreg } => {
-                w.put_u32(2, 0);
+            Expr::Ct { dreg, key } => {
+                w.put_u32(2, *key as u32);
                 w.put_u32(1, *dreg);
+            }
+            Expr::ObjrefMap { sreg, set } => {
+                w.put_u32(3, *sreg);
+                w.put_str(4, set);
             }
             Expr::DynsetUpdate { sreg, set } => {
                 w.put_str(1, set);
@@ -416,6 +434,7 @@ impl Expr {
             "fib" => "fib",
             "dynset" => "dynset",
             "counter" => "counter",
+            "objref" => "objref",
             _ => return Ok(Expr::Other(name)),
         };
         let u = |k: u16| f.u32(ctx, k);
@@ -515,9 +534,18 @@ impl Expr {
                 result: u(2)?,
                 flags: u(3)?,
             },
-            "ct" if u(2)? == 0 && f.get(1).is_some() && f.get(3).is_none() => {
-                Expr::CtState { dreg: u(1)? }
-            }
+            "ct" if f.get(1).is_some() && f.get(3).is_none() => Expr::Ct {
+                dreg: u(1)?,
+                key: match u(2)? {
+                    0 => CtKey::State,
+                    1 => CtKey::Direction,
+                    _ => return Ok(Expr::Other(name)),
+                },
+            },
+            "objref" if f.get(3).is_some() => Expr::ObjrefMap {
+                sreg: u(3)?,
+                set: Payload::new(ctx, 4, f.req(ctx, 4)?).string()?,
+            },
             "counter" => Expr::Counter {
                 bytes: f
                     .get(1)
@@ -663,7 +691,18 @@ mod tests {
             flags: NAT_RANDOM_FULLY,
         });
         round_trip(Expr::Reject { kind: 0, code: 3 });
-        round_trip(Expr::CtState { dreg: 1 });
+        round_trip(Expr::Ct {
+            dreg: 1,
+            key: CtKey::State,
+        });
+        round_trip(Expr::Ct {
+            dreg: 1,
+            key: CtKey::Direction,
+        });
+        round_trip(Expr::ObjrefMap {
+            sreg: 1,
+            set: "service-counters".into(),
+        });
         round_trip(Expr::Counter {
             packets: 3,
             bytes: 180,

@@ -6,12 +6,12 @@
 //! `Kernel*` types, which is what makes desired and actual comparable.
 
 use super::expr::{
-    reg32, CmpOp, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
+    reg32, CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
     NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1, REG_2, REG_VERDICT,
 };
 use crate::ruleset::{
-    BaseChain, Chain, Element, Family, Field, KeyType, KeyValue, Rule, Set, Stmt, Table, Verdict,
-    DYNAMIC_SET_SIZE,
+    BaseChain, Chain, Direction, Element, Family, Field, KeyType, KeyValue, MapData, Mapped,
+    NamedCounter, Rule, Set, Stmt, Table, DYNAMIC_SET_SIZE,
 };
 use std::net::IpAddr;
 
@@ -20,16 +20,29 @@ pub const SET_F_MAP: u32 = 0x8;
 /// `NFT_SET_TIMEOUT` and `NFT_SET_EVAL` (nft's `flags timeout` and `dynamic`).
 pub const SET_F_TIMEOUT: u32 = 0x10;
 pub const SET_F_EVAL: u32 = 0x20;
+/// `NFT_SET_OBJECT`: a map whose values are stateful objects.
+pub const SET_F_OBJECT: u32 = 0x40;
 /// `NFT_DATA_VERDICT`: the data type of a verdict map.
 pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
+/// `NFT_OBJECT_COUNTER`.
+pub const OBJECT_COUNTER: u32 = 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelTable {
     pub family: Family,
     pub name: String,
     pub userdata: Option<Vec<u8>>,
+    pub counters: Vec<KernelCounter>,
     pub sets: Vec<KernelSet>,
     pub chains: Vec<KernelChain>,
+}
+
+/// A named counter object; its values are state, so only name and comment
+/// describe it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCounter {
+    pub name: String,
+    pub userdata: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +81,8 @@ pub struct KernelSet {
     pub key_type: u32,
     pub key_len: u32,
     pub data_type: Option<u32>,
+    /// The object type of an object map (`NFTA_SET_OBJ_TYPE`).
+    pub obj_type: Option<u32>,
     /// Element timeout of a dynamic set, in milliseconds, and its size.
     pub timeout_ms: Option<u64>,
     pub size: Option<u32>,
@@ -78,7 +93,7 @@ pub struct KernelSet {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelElement {
     pub key: Vec<u8>,
-    pub verdict: Option<Verdict>,
+    pub data: Option<Mapped>,
     pub userdata: Option<Vec<u8>>,
 }
 
@@ -182,7 +197,8 @@ pub fn lower_set(set: &Set) -> KernelSet {
         BYTEORDER_INVALID
     };
     udata_tlv(&mut ud, UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
-    if set.verdict_map {
+    let verdict_map = set.data == Some(MapData::Verdict);
+    if verdict_map {
         udata_tlv(&mut ud, UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
     }
     if set.key.len() > 1 {
@@ -192,13 +208,18 @@ pub fn lower_set(set: &Set) -> KernelSet {
         udata_tlv(&mut nest, 1, &[]);
         udata_tlv(&mut ud, UDATA_SET_KEY_TYPEOF, &nest);
     }
-    if set.verdict_map {
+    // nft records the data's interval flag for object maps too, not its byte order.
+    if set.data.is_some() {
         udata_tlv(&mut ud, UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
     }
     if let Some(c) = &set.comment {
         udata_tlv(&mut ud, UDATA_SET_COMMENT, &strz(c));
     }
-    let mut flags = if set.verdict_map { SET_F_MAP } else { 0 };
+    let mut flags = match set.data {
+        Some(MapData::Verdict) => SET_F_MAP,
+        Some(MapData::Counter) => SET_F_OBJECT,
+        None => 0,
+    };
     if set.timeout.is_some() {
         flags |= SET_F_TIMEOUT | SET_F_EVAL;
     }
@@ -207,7 +228,8 @@ pub fn lower_set(set: &Set) -> KernelSet {
         flags,
         key_type,
         key_len,
-        data_type: set.verdict_map.then_some(DATA_TYPE_VERDICT),
+        data_type: verdict_map.then_some(DATA_TYPE_VERDICT),
+        obj_type: (set.data == Some(MapData::Counter)).then_some(OBJECT_COUNTER),
         timeout_ms: set.timeout.map(|t| t as u64 * 1000),
         size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
         userdata: Some(ud),
@@ -236,7 +258,7 @@ pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
 pub fn lower_element(e: &Element) -> KernelElement {
     KernelElement {
         key: lower_key(&e.key, e.key.len() > 1),
-        verdict: e.verdict.clone(),
+        data: e.value.clone(),
         userdata: comment_udata(&e.comment),
     }
 }
@@ -250,11 +272,19 @@ pub fn lower_chain(family: Family, chain: &Chain) -> KernelChain {
     }
 }
 
+pub fn lower_counter(c: &NamedCounter) -> KernelCounter {
+    KernelCounter {
+        name: c.name.clone(),
+        userdata: comment_udata(&c.comment),
+    }
+}
+
 pub fn lower_table(table: &Table) -> KernelTable {
     KernelTable {
         family: table.family,
         name: table.name.clone(),
         userdata: comment_udata(&table.comment),
+        counters: table.counters.iter().map(lower_counter).collect(),
         sets: table.sets.iter().map(lower_set).collect(),
         chains: table
             .chains
@@ -305,11 +335,11 @@ fn load_field(family: Family, field: Field, slot: u32, out: &mut Vec<Expr>) -> u
             });
             1
         }
-        Field::Dport => {
+        Field::Dport | Field::Sport => {
             out.push(Expr::Payload {
                 dreg,
                 base: PayloadBase::Transport,
-                offset: 2,
+                offset: if field == Field::Dport { 2 } else { 0 },
                 len: 2,
             });
             1
@@ -405,7 +435,10 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
         }
         Stmt::CtStateNew => {
             const CT_STATE_NEW: u32 = 8;
-            out.push(Expr::CtState { dreg: REG_1 });
+            out.push(Expr::Ct {
+                dreg: REG_1,
+                key: CtKey::State,
+            });
             out.push(Expr::Bitwise {
                 sreg: REG_1,
                 dreg: REG_1,
@@ -414,6 +447,17 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 xor: vec![0; 4],
             });
             out.push(cmp(CmpOp::Neq, vec![0; 4]));
+        }
+        Stmt::CtDirection(d) => {
+            out.push(Expr::Ct {
+                dreg: REG_1,
+                key: CtKey::Direction,
+            });
+            let code = match d {
+                Direction::Original => 0,
+                Direction::Reply => 1,
+            };
+            out.push(cmp(CmpOp::Eq, vec![code]));
         }
         Stmt::FibSaddrLocal => {
             const RTN_LOCAL: u32 = 2;
@@ -506,6 +550,13 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             packets: 0,
             bytes: 0,
         }),
+        Stmt::CounterByMap { fields, map } => {
+            load_concat(family, fields, out);
+            out.push(Expr::ObjrefMap {
+                sreg: REG_1,
+                set: map.clone(),
+            });
+        }
         Stmt::Verdict(v) => out.push(Expr::Immediate {
             dreg: REG_VERDICT,
             data: Data::Verdict(v.clone()),
@@ -611,7 +662,7 @@ mod tests {
         let set = lower_set(&Set {
             name: "service-ips".into(),
             key: vec![KeyType::Ipv4Addr, KeyType::InetProto, KeyType::InetService],
-            verdict_map: true,
+            data: Some(MapData::Verdict),
             comment: None,
             timeout: None,
             elements: vec![],

@@ -9,12 +9,14 @@ use super::attr::{AttrWriter, Attrs, ParseError, Payload};
 use super::expr::{
     parse_data, parse_list, write_verdict, Data, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
 };
-use super::lower::{KernelChain, KernelElement, KernelRule, KernelSet, KernelTable};
+use super::lower::{
+    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, OBJECT_COUNTER,
+};
 use super::message::{
     exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, Refusal, NLMSG_ERROR,
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use crate::ruleset::{BaseChain, ChainType, Family, Hook};
+use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use std::io;
 
@@ -42,6 +44,11 @@ const DELSET: u16 = 11;
 const NEWSETELEM: u16 = 12;
 pub(crate) const GETSETELEM: u16 = 13;
 const DELSETELEM: u16 = 14;
+const NEWOBJ: u16 = 18;
+pub(crate) const GETOBJ: u16 = 19;
+const DELOBJ: u16 = 20;
+/// `NFTA_SET_ELEM_OBJREF`: an object map element's object name.
+const SET_ELEM_OBJREF: u16 = 9;
 
 /// A NEWSETELEM's element list is one attribute, whose length is a u16.
 const MAX_ELEMENTS_BYTES: usize = 60_000;
@@ -332,6 +339,36 @@ impl Batch {
             if let Some(u) = &set.userdata {
                 w.put(13, u);
             }
+            if let Some(t) = set.obj_type {
+                w.put_u32(15, t);
+            }
+        });
+    }
+
+    /// Creates a named counter at zero; one that exists already keeps its values
+    /// (the kernel treats a second create without `NLM_F_EXCL` as done).
+    pub fn add_counter(&mut self, family: Family, table: &str, counter: &KernelCounter) {
+        let what = format!("add counter {} {table} {}", family.keyword(), counter.name);
+        self.message(NEWOBJ, NLM_F_CREATE, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, &counter.name);
+            w.put_u32(3, OBJECT_COUNTER);
+            w.nest(4, |w| {
+                w.put_u64(1, 0);
+                w.put_u64(2, 0);
+            });
+            if let Some(u) = &counter.userdata {
+                w.put(8, u);
+            }
+        });
+    }
+
+    pub fn delete_counter(&mut self, family: Family, table: &str, name: &str) {
+        let what = format!("delete counter {} {table} {name}", family.keyword());
+        self.message(DELOBJ, 0, family, what, |w| {
+            w.put_str(1, table);
+            w.put_str(2, name);
+            w.put_u32(3, OBJECT_COUNTER);
         });
     }
 
@@ -390,8 +427,12 @@ impl Batch {
                 let mut w = AttrWriter::new();
                 w.nest(1, |w| {
                     w.nest(1, |w| w.put(NFTA_DATA_VALUE, &e.key));
-                    if let (true, Some(v)) = (with_data, &e.verdict) {
-                        w.nest(2, |w| w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v)));
+                    match (with_data, &e.data) {
+                        (true, Some(Mapped::Verdict(v))) => {
+                            w.nest(2, |w| w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v)))
+                        }
+                        (true, Some(Mapped::Counter(name))) => w.put_str(SET_ELEM_OBJREF, name),
+                        _ => {}
                     }
                     if let (true, Some(u)) = (with_data, &e.userdata) {
                         w.put(6, u);
@@ -673,6 +714,11 @@ impl NftSocket {
             family,
             name: name.to_string(),
             userdata,
+            counters: self
+                .read_counters(family, name)?
+                .into_iter()
+                .map(|c| c.counter)
+                .collect(),
             sets: Vec::new(),
             chains: Vec::new(),
         };
@@ -703,6 +749,75 @@ impl NftSocket {
         }
         Ok(Some(table))
     }
+}
+
+/// A counter object as a dump shows it, with its values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterReading {
+    pub counter: KernelCounter,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl NftSocket {
+    /// The named counters of one of our tables, with their values.
+    pub fn read_counters(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<CounterReading>, NftError> {
+        let mut out = Vec::new();
+        self.dump_each(
+            GETOBJ,
+            family,
+            |w| {
+                w.put_str(1, table);
+                w.put_u32(3, OBJECT_COUNTER);
+            },
+            |o| {
+                out.extend(parse_counter(o, table)?);
+                Ok(())
+            },
+        )?;
+        Ok(out)
+    }
+}
+
+pub(crate) fn parse_counter(buf: &[u8], table: &str) -> Result<Option<CounterReading>, NftError> {
+    let (mut tname, mut name, mut kind, mut userdata) = (None, None, None, None);
+    let (mut packets, mut bytes) = (0, 0);
+    for a in Attrs::new(buf) {
+        let (k, p) = a?;
+        let pl = Payload::new("object", k, p);
+        match k {
+            1 => tname = Some(pl.string()?),
+            2 => name = Some(pl.string()?),
+            3 => kind = Some(pl.u32()?),
+            4 => {
+                for c in Attrs::new(p) {
+                    let (ck, cp) = c?;
+                    match ck {
+                        1 => bytes = Payload::new("counter", ck, cp).u64()?,
+                        2 => packets = Payload::new("counter", ck, cp).u64()?,
+                        _ => {}
+                    }
+                }
+            }
+            8 => userdata = Some(p.to_vec()),
+            _ => {}
+        }
+    }
+    if tname.as_deref() != Some(table) || kind != Some(OBJECT_COUNTER) {
+        return Ok(None);
+    }
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    Ok(Some(CounterReading {
+        counter: KernelCounter { name, userdata },
+        packets,
+        bytes,
+    }))
 }
 
 pub(crate) fn parse_chain(buf: &[u8], table: &str) -> Result<Option<KernelChain>, NftError> {
@@ -799,6 +914,7 @@ pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, Nf
         key_type: 0,
         key_len: 0,
         data_type: None,
+        obj_type: None,
         timeout_ms: None,
         size: None,
         userdata: None,
@@ -825,6 +941,7 @@ pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, Nf
             }
             11 => set.timeout_ms = Some(pl.u64()?),
             13 => set.userdata = Some(p.to_vec()),
+            15 => set.obj_type = Some(pl.u32()?),
             _ => {}
         }
     }
@@ -847,7 +964,7 @@ pub(crate) fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError>
             let (_, ep) = e?;
             let mut el = KernelElement {
                 key: Vec::new(),
-                verdict: None,
+                data: None,
                 userdata: None,
             };
             for f in Attrs::new(ep) {
@@ -860,10 +977,14 @@ pub(crate) fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError>
                     }
                     2 => {
                         if let Data::Verdict(v) = parse_data(fp)? {
-                            el.verdict = Some(v);
+                            el.data = Some(Mapped::Verdict(v));
                         }
                     }
                     6 => el.userdata = Some(fp.to_vec()),
+                    SET_ELEM_OBJREF => {
+                        let name = Payload::new("element", fk, fp).string()?;
+                        el.data = Some(Mapped::Counter(name));
+                    }
                     _ => {}
                 }
             }
@@ -887,11 +1008,15 @@ pub fn replace_tables(tables: &[KernelTable]) -> Batch {
 }
 
 /// Writes a table into an empty namespace, in the order `nft -f` uses: table,
-/// chains, sets with their elements, then rules (which may refer to both).
+/// chains, counters, sets with their elements, then rules (which may refer to
+/// all of them).
 pub fn write_table(b: &mut Batch, t: &KernelTable) {
     b.add_table(t.family, &t.name, t.userdata.as_deref());
     for c in &t.chains {
         b.add_chain(t.family, &t.name, c);
+    }
+    for c in &t.counters {
+        b.add_counter(t.family, &t.name, c);
     }
     for s in &t.sets {
         b.add_set(t.family, &t.name, s);
@@ -940,7 +1065,7 @@ mod tests {
         let elements: Vec<KernelElement> = (0..10_000u32)
             .map(|i| KernelElement {
                 key: i.to_be_bytes().to_vec(),
-                verdict: None,
+                data: None,
                 userdata: Some(vec![0; 40]),
             })
             .collect();

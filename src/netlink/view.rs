@@ -5,7 +5,7 @@
 
 use super::attr::AttrWriter;
 use super::expr::{Data, Expr, REG_1, REG_2};
-use super::lower::{KernelElement, KernelRule, KernelSet};
+use super::lower::{KernelCounter, KernelElement, KernelRule, KernelSet};
 use super::nftables::{
     parse_chain, parse_elements, parse_set, NftError, NftSocket, GETCHAIN, GETSET, GETSETELEM,
 };
@@ -47,6 +47,8 @@ pub struct SetView {
 pub struct TableView {
     pub family: Family,
     pub userdata: Option<Vec<u8>>,
+    /// Named counters by name (their values are of no concern to a sync).
+    pub counters: HashMap<String, KernelCounter>,
     pub sets: Vec<SetView>,
     pub chains: Vec<ChainView>,
     chain_index: HashMap<String, usize>,
@@ -181,9 +183,15 @@ impl NftSocket {
                 },
             )?;
         }
+        let counters = self
+            .read_counters(family, name)?
+            .into_iter()
+            .map(|r| (r.counter.name.clone(), r.counter))
+            .collect();
         Ok(Some(TableView {
             family,
             userdata,
+            counters,
             sets,
             chains,
             chain_index,
