@@ -681,3 +681,153 @@ fn counters_count_every_packet_both_ways_and_top_ranks_the_ports() {
     let after = tally(c.client(), "10.96.5.1:80", 6, false);
     assert!(after.errors.is_empty(), "{:?}", after.errors);
 }
+
+/// `kube-nft explain` in the node namespace, with the flags the sync used: the
+/// end of each path it predicts (`endpoint A:P[, masqueraded]`, `rejected: …`,
+/// `dropped: …`), and its whole output.
+fn explain(c: &Cluster, src: &str, dst: &str) -> (Vec<String>, String) {
+    let manifests = c.scratch.0.join("manifests.yaml");
+    let out = kube_nft_in(
+        c.node(),
+        &[
+            "explain",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            "--service-cidr",
+            SERVICE_CIDRS,
+            "--node-name",
+            NODE,
+            src,
+            dst,
+        ],
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Path lines: "<share>%  <end>".
+    let ends = text
+        .lines()
+        .filter_map(|l| l.split_once("%  "))
+        .filter(|(share, _)| share.trim().parse::<f64>().is_ok())
+        .map(|(_, end)| end.to_string())
+        .collect();
+    (ends, text)
+}
+
+fn pod_ip(pod: &str) -> &'static str {
+    PODS.iter().find(|(n, _)| *n == pod).unwrap().1[0]
+}
+
+#[test]
+fn explain_predicts_what_real_packets_meet() {
+    let c = Cluster::new("explain", &PODS, &[9376]);
+    let lb = lb_manifests("203.0.113.0/24", "{ip: 198.51.100.8}").replacen(
+        &node_object("zone-a"),
+        "",
+        1,
+    );
+    c.apply_with(&(nodeport_manifests() + &lb), &node_flag());
+    let pod_c = c.pod_ns("pod-c");
+
+    // Served: the endpoints it names are the pods that answer, each with its share.
+    for (ns, src, dst, target, masqueraded) in [
+        (
+            pod_c.as_str(),
+            pod_ip("pod-c"),
+            "10.96.5.1:80/tcp",
+            "10.96.5.1:80",
+            false,
+        ),
+        (
+            c.client(),
+            CLIENT_V4,
+            "192.0.2.1:30080/tcp",
+            "192.0.2.1:30080",
+            true,
+        ),
+        (
+            c.node(),
+            UPLINK_V4,
+            "10.96.5.1:53/udp",
+            "10.96.5.1:53",
+            true,
+        ),
+    ] {
+        let (ends, text) = explain(&c, src, dst);
+        assert!(text.contains("service: default/np:"), "{text}");
+        assert!(text.contains(" 50.0%  endpoint "), "{text}");
+        let suffix = if masqueraded { ", masqueraded" } else { "" };
+        let mut want = vec![
+            format!("endpoint {}:9376{suffix}", pod_ip("pod-a")),
+            format!("endpoint {}:9376{suffix}", pod_ip("pod-b")),
+        ];
+        want.sort();
+        let mut got = ends.clone();
+        got.sort();
+        assert_eq!(got, want, "{text}");
+        // P(one of two pods gets none of 30) = 2 * 2^-30.
+        let t = tally(ns, target, 30, dst.ends_with("udp"));
+        assert_only(&t, &["pod-a", "pod-b"]);
+        if dst.ends_with("tcp") && masqueraded {
+            assert_ne!(client_address_seen(ns, target), CLIENT_V4);
+        }
+    }
+
+    // Refused: a NodePort and a ClusterIP without endpoints, a ClusterIP's wrong port.
+    for (dst, target, why) in [
+        (
+            "192.0.2.1:30090/tcp",
+            "192.0.2.1:30090",
+            "default/np-empty:http has no endpoints",
+        ),
+        (
+            "10.96.5.2:80/tcp",
+            "10.96.5.2:80",
+            "default/np-empty:http has no endpoints",
+        ),
+        (
+            "10.96.5.1:81/tcp",
+            "10.96.5.1:81",
+            "invalid ports of ClusterIPs",
+        ),
+    ] {
+        let (ends, text) = explain(&c, CLIENT_V4, dst);
+        assert_eq!(ends.len(), 1, "{text}");
+        assert!(
+            ends[0].starts_with("rejected: ") && ends[0].contains(why),
+            "{text}"
+        );
+        assert_refused_at_once(c.client(), target);
+    }
+
+    // Dropped: an unallocated service address, and a load balancer IP from a
+    // source outside its ranges (whose externalIP still serves).
+    for (dst, target, why) in [
+        ("10.96.9.9:80/tcp", "10.96.9.9:80", "unallocated ClusterIPs"),
+        (
+            "198.51.100.8:80/tcp",
+            "198.51.100.8:80",
+            "loadBalancerSourceRanges",
+        ),
+    ] {
+        let (ends, text) = explain(&c, CLIENT_V4, dst);
+        assert_eq!(ends.len(), 1, "{text}");
+        assert!(
+            ends[0].starts_with("dropped: ") && ends[0].contains(why),
+            "{text}"
+        );
+        assert_dropped(c.client(), target);
+    }
+    let (ends, text) = explain(&c, CLIENT_V4, "198.51.100.7:80/tcp");
+    assert_eq!(
+        ends,
+        vec![format!("endpoint {}:9376, masqueraded", pod_ip("pod-a"))],
+        "{text}"
+    );
+    assert_only(&tally(c.client(), "198.51.100.7:80", 3, false), &["pod-a"]);
+}

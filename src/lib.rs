@@ -8,6 +8,7 @@
 
 pub mod bench;
 pub mod daemon;
+pub mod explain;
 pub mod healthcheck;
 pub mod lab;
 pub mod model;

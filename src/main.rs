@@ -44,6 +44,17 @@ enum Command {
         #[command(flatten)]
         proxy: ProxyArgs,
     },
+    /// Explain, from the ruleset `run` would program, what happens to the first
+    /// packet of a new connection: the rules it meets, the Service, the endpoints
+    /// and their shares, or why it is dropped or rejected.
+    Explain {
+        #[command(flatten)]
+        proxy: ProxyArgs,
+        /// The source address (one of this node's addresses: the output path).
+        src: std::net::IpAddr,
+        /// Destination as ADDR:PORT/PROTO, e.g. 10.96.0.10:53/udp or [fd00::1]:80/tcp.
+        dst: String,
+    },
     /// Remove kube-nft's tables from the current network namespace, and nothing else.
     Cleanup,
     /// List the Service ports by traffic (packets and bytes, both directions, both
@@ -171,11 +182,15 @@ impl ProxyArgs {
         Ok(config)
     }
 
+    /// The config with this namespace's addresses, for the one-shot commands
+    /// (`run` reads them itself, on every load).
+    fn config_here(&self) -> Result<NodeConfig, String> {
+        self.config().map(daemon::with_local_addresses)
+    }
+
     /// Loads and translates; a manifest that cannot be read at all is an error,
-    /// a malformed object in one is logged and skipped. (`run` reads the node's
-    /// addresses itself, on every load; `render` reads them here.)
+    /// a malformed object in one is logged and skipped.
     fn desired(&self, config: &NodeConfig) -> Result<kube_nft::translate::Ruleset, String> {
-        let config = &daemon::with_local_addresses(config.clone());
         let loaded = files::load(&self.manifests).map_err(|e| e.to_string())?;
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
@@ -213,7 +228,7 @@ fn main() -> ExitCode {
         }),
         Command::Render { proxy } => {
             proxy
-                .config()
+                .config_here()
                 .and_then(|c| proxy.desired(&c))
                 .map(|ruleset| {
                     print!("{}", text::replace_script(&ruleset.tables));
@@ -225,6 +240,7 @@ fn main() -> ExitCode {
             .and_then(|mut s| proxy::cleanup(&mut s).map_err(|e| e.to_string()))
             .map(|_| true),
         Command::Top { limit } => top(limit),
+        Command::Explain { proxy, src, dst } => explain(&proxy, src, &dst),
         Command::Lab {
             manifests,
             requests,
@@ -286,6 +302,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, String> {
+    use kube_nft::explain;
+    let packet: explain::Packet = format!("{src} {dst}").parse()?;
+    let config = proxy.config_here()?;
+    let ruleset = proxy.desired(&config)?;
+    let local = kube_nft::netlink::route::local_addresses()
+        .map_err(|e| format!("reading this node's addresses: {e}"))?;
+    let e = explain::explain(&ruleset, &packet, &local);
+    print!("{}", explain::render(&e));
+    Ok(true)
 }
 
 fn top(limit: Option<usize>) -> Result<bool, String> {
