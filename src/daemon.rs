@@ -8,7 +8,7 @@
 use crate::healthcheck::{self, HealthServers};
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
-use crate::proxy::{log_rejected, validate, Proxier, SyncKind};
+use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
 use crate::ruleset::TABLE_NAME;
 use crate::source::files;
 use crate::stale_flows::StaleFlowCleaner;
@@ -95,7 +95,7 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
     if opts.once {
         let r = proxier.sync().map_err(|e| e.to_string())?;
         log_sync(&r);
-        clean_flows(&mut flows, &proxier);
+        clean_flows(&mut flows, &proxier, &r);
         return Ok(());
     }
 
@@ -155,7 +155,7 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
                         last_full = now;
                     }
                     log_sync(&r);
-                    clean_flows(&mut flows, &proxier);
+                    clean_flows(&mut flows, &proxier, &r);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                 }
@@ -192,8 +192,8 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
     }
 }
 
-fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier) {
-    match cleaner.after_sync(proxier.state(), proxier.config()) {
+fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier, sync: &SyncReport) {
+    match cleaner.after_sync(proxier.state(), proxier.config(), sync) {
         Ok(0) => {}
         Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
         Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),

@@ -219,11 +219,13 @@ pub enum SyncKind {
 }
 
 /// What one sync did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncReport {
     pub kind: SyncKind,
     /// Services recomputed (all of them for a full sync).
     pub services: usize,
+    /// Which ones, after a partial sync (a full one recomputes every Service).
+    pub recomputed: Vec<ServiceKey>,
     pub committed: Committed,
     pub duration: Duration,
 }
@@ -326,9 +328,13 @@ impl Proxier {
             self.partial_sync()
         };
         match result {
-            Ok((kind, services, committed)) => Ok(SyncReport {
+            Ok((kind, recomputed, committed)) => Ok(SyncReport {
                 kind,
-                services,
+                services: match kind {
+                    SyncKind::Full => self.state.services.len(),
+                    SyncKind::Partial => recomputed.len(),
+                },
+                recomputed,
                 committed,
                 duration: started.elapsed(),
             }),
@@ -339,7 +345,7 @@ impl Proxier {
         }
     }
 
-    fn full_sync(&mut self) -> Result<(SyncKind, usize, Committed), NftError> {
+    fn full_sync(&mut self) -> Result<(SyncKind, Vec<ServiceKey>, Committed), NftError> {
         let views = self.read_views()?;
         let mut plan = Plan::default();
         let mut applied = HashMap::new();
@@ -432,16 +438,15 @@ impl Proxier {
                 ));
             }
         }
-        let services = self.state.services.len();
         let committed = self.commit(plan)?;
         self.applied = applied;
         self.hairpin_refs = hairpin_refs;
         self.dirty.clear();
         self.full_sync_needed = false;
-        Ok((SyncKind::Full, services, committed))
+        Ok((SyncKind::Full, Vec::new(), committed))
     }
 
-    fn partial_sync(&mut self) -> Result<(SyncKind, usize, Committed), NftError> {
+    fn partial_sync(&mut self) -> Result<(SyncKind, Vec<ServiceKey>, Committed), NftError> {
         let dirty: Vec<ServiceKey> = std::mem::take(&mut self.dirty).into_iter().collect();
         // Re-read the chains these Services had: their handles and endpoint slots.
         let mut kernel = HashMap::new();
@@ -545,7 +550,7 @@ impl Proxier {
                 self.hairpin_refs.insert(k, n);
             }
         }
-        Ok((SyncKind::Partial, dirty.len(), committed))
+        Ok((SyncKind::Partial, dirty, committed))
     }
 
     /// The desired ruleset with endpoints in the slots the kernel has them in:

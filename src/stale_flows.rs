@@ -4,74 +4,72 @@
 //! that keeps sending to a VIP keeps reaching the endpoint its entry was DNATed
 //! to, even after that endpoint left the Service, until the entry expires
 //! (minutes, refreshed by every packet). Likewise an entry created while the
-//! Service had no endpoints keeps the flow un-NATed. After each sync we compare
-//! the UDP flows to Service destinations with the endpoints each destination may
-//! now reach, and delete the others so their next packet is load-balanced again.
+//! Service had no endpoints keeps the flow un-NATed. After a sync we compare the
+//! UDP flows to the destinations of the Services it recomputed with the endpoints
+//! each destination may now reach, and delete the others so their next packet is
+//! load-balanced again. A deleted Service's destinations may reach nothing.
 
-use crate::model::ClusterState;
+use crate::model::{ClusterState, Service, ServiceKey};
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
+use crate::proxy::{SyncKind, SyncReport};
 use crate::ruleset::{Family, Protocol};
 use crate::translate::{categorize, NodeConfig};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 type Addr = (IpAddr, u16);
+type Destinations = BTreeMap<Addr, BTreeSet<Addr>>;
 
-/// Every UDP Service destination (ClusterIP, external IP, load balancer IP and
-/// NodePort on this node's addresses) with the endpoints it may be DNATed to.
-pub fn udp_destinations(
-    state: &ClusterState,
-    config: &NodeConfig,
-) -> BTreeMap<Addr, BTreeSet<Addr>> {
+/// One Service's UDP destinations (ClusterIP, external IP, load balancer IP and
+/// NodePort on this node's addresses) with the endpoints each may be DNATed to.
+pub fn udp_destinations(state: &ClusterState, svc: &Service, config: &NodeConfig) -> Destinations {
     let node = state.node.as_ref();
-    let mut out: BTreeMap<Addr, BTreeSet<Addr>> = BTreeMap::new();
-    for svc in state.services.values() {
-        for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
-            let all = state.endpoints_for(svc, port);
-            for family in Family::ALL {
-                let in_family: Vec<_> = all
-                    .iter()
-                    .filter(|e| Family::of(&e.addr) == family)
-                    .cloned()
-                    .collect();
-                let eps = categorize(svc, &in_family, node);
-                let allowed: BTreeSet<Addr> = eps
-                    .cluster
-                    .iter()
-                    .chain(&eps.local)
-                    .map(|e| (e.addr, e.port))
-                    .collect();
-                let of_family = |ip: &&IpAddr| Family::of(ip) == family;
-                let mut dests: Vec<Addr> = svc
-                    .cluster_ips
-                    .iter()
-                    .chain(&svc.external_ips)
-                    .chain(&svc.load_balancer_ips)
-                    .filter(of_family)
-                    .map(|ip| (*ip, port.port))
-                    .collect();
-                if let Some(np) = port.node_port {
-                    if svc.cluster_ips.iter().any(|ip| of_family(&ip)) {
-                        dests.extend(
-                            config
-                                .nodeport_ips(node, family)
-                                .into_iter()
-                                .map(|ip| (ip, np)),
-                        );
-                    }
+    let mut out = Destinations::new();
+    for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
+        let all = state.endpoints_for(svc, port);
+        for family in Family::ALL {
+            let in_family: Vec<_> = all
+                .iter()
+                .filter(|e| Family::of(&e.addr) == family)
+                .cloned()
+                .collect();
+            let eps = categorize(svc, &in_family, node);
+            let allowed: BTreeSet<Addr> = eps
+                .cluster
+                .iter()
+                .chain(&eps.local)
+                .map(|e| (e.addr, e.port))
+                .collect();
+            let of_family = |ip: &&IpAddr| Family::of(ip) == family;
+            let mut dests: Vec<Addr> = svc
+                .cluster_ips
+                .iter()
+                .chain(&svc.external_ips)
+                .chain(&svc.load_balancer_ips)
+                .filter(of_family)
+                .map(|ip| (*ip, port.port))
+                .collect();
+            if let Some(np) = port.node_port {
+                if svc.cluster_ips.iter().any(|ip| of_family(&ip)) {
+                    dests.extend(
+                        config
+                            .nodeport_ips(node, family)
+                            .into_iter()
+                            .map(|ip| (ip, np)),
+                    );
                 }
-                for d in dests {
-                    out.entry(d).or_default().extend(allowed.iter().copied());
-                }
+            }
+            for d in dests {
+                out.entry(d).or_default().extend(allowed.iter().copied());
             }
         }
     }
     out
 }
 
-/// The flows to a Service destination whose reply does not come from one of the
+/// The flows to a checked destination whose reply does not come from one of the
 /// endpoints that destination may reach now.
-pub fn stale<'a>(flows: &'a [Flow], dests: &BTreeMap<Addr, BTreeSet<Addr>>) -> Vec<&'a Flow> {
+pub fn stale<'a>(flows: &'a [Flow], dests: &Destinations) -> Vec<&'a Flow> {
     flows
         .iter()
         .filter(|f| {
@@ -82,10 +80,12 @@ pub fn stale<'a>(flows: &'a [Flow], dests: &BTreeMap<Addr, BTreeSet<Addr>>) -> V
         .collect()
 }
 
-/// Runs the cleanup after syncs, only when the UDP destinations changed.
+/// Runs the cleanup after syncs, over the Services each sync recomputed, and
+/// only reads conntrack when one of their UDP destinations changed.
 #[derive(Default)]
 pub struct StaleFlowCleaner {
-    last: Option<BTreeMap<Addr, BTreeSet<Addr>>>,
+    /// What each Service with UDP ports had at the last cleanup.
+    last: HashMap<ServiceKey, Destinations>,
 }
 
 impl StaleFlowCleaner {
@@ -94,19 +94,62 @@ impl StaleFlowCleaner {
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
+        sync: &SyncReport,
     ) -> Result<usize, ConntrackError> {
-        let dests = udp_destinations(state, config);
-        if self.last.as_ref() == Some(&dests) {
+        let (check, updates) = self.changes(state, config, sync);
+        if check.is_empty() {
             return Ok(0);
         }
         let mut sock = ConntrackSocket::open()?;
         let flows = sock.flows(Protocol::Udp.number())?;
-        let stale = stale(&flows, &dests);
+        let stale = stale(&flows, &check);
         for f in &stale {
             sock.delete(f)?;
         }
-        self.last = Some(dests);
+        for (key, now) in updates {
+            if now.is_empty() {
+                self.last.remove(&key);
+            } else {
+                self.last.insert(key, now);
+            }
+        }
         Ok(stale.len())
+    }
+
+    /// The destinations to check (with what each may reach now) and each changed
+    /// Service's new destinations; only Services the sync recomputed are looked at.
+    fn changes(
+        &self,
+        state: &ClusterState,
+        config: &NodeConfig,
+        sync: &SyncReport,
+    ) -> (Destinations, Vec<(ServiceKey, Destinations)>) {
+        let keys: BTreeSet<&ServiceKey> = match sync.kind {
+            SyncKind::Full => state.services.keys().chain(self.last.keys()).collect(),
+            SyncKind::Partial => sync.recomputed.iter().collect(),
+        };
+        let mut check = Destinations::new();
+        let mut updates = Vec::new();
+        for key in keys {
+            let now = state
+                .services
+                .get(key)
+                .map(|svc| udp_destinations(state, svc, config))
+                .unwrap_or_default();
+            let before = self.last.get(key);
+            if before.unwrap_or(&Destinations::new()) == &now {
+                continue;
+            }
+            // Destinations that went away may reach nothing now.
+            for gone in before.into_iter().flat_map(|b| b.keys()) {
+                check.entry(*gone).or_default();
+            }
+            for (d, allowed) in &now {
+                check.insert(*d, allowed.clone());
+            }
+            updates.push((key.clone(), now));
+        }
+        (check, updates)
     }
 }
 
@@ -133,6 +176,88 @@ mod tests {
                 dport: 40000,
             },
         }
+    }
+
+    fn udp_state(endpoints: &[(usize, &[&str])]) -> ClusterState {
+        use crate::bench::{bench_service, bench_slice, service_key};
+        let mut state = ClusterState::default();
+        for (i, addrs) in endpoints {
+            let mut svc = bench_service(*i);
+            svc.ports[0].protocol = Protocol::Udp;
+            let mut slice = bench_slice(
+                *i,
+                &addrs.iter().map(|a| a.parse().unwrap()).collect::<Vec<_>>(),
+            );
+            slice.ports[0].protocol = Protocol::Udp;
+            state.services.insert(service_key(*i), svc);
+            state
+                .slices
+                .entry(service_key(*i))
+                .or_default()
+                .insert(slice.name.clone(), slice);
+        }
+        state
+    }
+
+    fn report(kind: SyncKind, recomputed: &[usize]) -> SyncReport {
+        SyncReport {
+            kind,
+            services: recomputed.len(),
+            recomputed: recomputed
+                .iter()
+                .map(|i| crate::bench::service_key(*i))
+                .collect(),
+            committed: crate::netlink::Committed {
+                messages: 0,
+                bytes: 0,
+            },
+            duration: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Applies `changes` as a successful cleanup would, returning the checked
+    /// destinations as (VIP, allowed endpoint count).
+    fn cleanup(
+        c: &mut StaleFlowCleaner,
+        state: &ClusterState,
+        sync: &SyncReport,
+    ) -> Vec<(String, usize)> {
+        let (check, updates) = c.changes(state, &NodeConfig::default(), sync);
+        for (k, now) in updates {
+            c.last.insert(k, now);
+        }
+        check
+            .iter()
+            .map(|((ip, _), allowed)| (ip.to_string(), allowed.len()))
+            .collect()
+    }
+
+    #[test]
+    fn only_recomputed_services_whose_destinations_changed_are_checked() {
+        let mut c = StaleFlowCleaner::default();
+        let one: &[&str] = &["10.128.0.1"];
+        let two: &[&str] = &["10.128.0.1", "10.128.0.2"];
+        let state = udp_state(&[(1, one), (2, one)]);
+        let vip = |i: usize| crate::bench::vip(i).to_string();
+        // The first (full) sync checks every UDP Service.
+        assert_eq!(
+            cleanup(&mut c, &state, &report(SyncKind::Full, &[])),
+            vec![(vip(1), 1), (vip(2), 1)]
+        );
+        // Recomputed but unchanged: nothing to read.
+        assert!(cleanup(&mut c, &state, &report(SyncKind::Partial, &[1])).is_empty());
+        // Service 2 gains an endpoint; a partial sync of 2 checks 2 only.
+        let state = udp_state(&[(1, one), (2, two)]);
+        assert_eq!(
+            cleanup(&mut c, &state, &report(SyncKind::Partial, &[2])),
+            vec![(vip(2), 2)]
+        );
+        // Service 1 deleted: its VIP may reach nothing, so all its flows go.
+        let state = udp_state(&[(2, two)]);
+        assert_eq!(
+            cleanup(&mut c, &state, &report(SyncKind::Partial, &[1])),
+            vec![(vip(1), 0)]
+        );
     }
 
     #[test]
