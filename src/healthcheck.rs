@@ -6,7 +6,7 @@
 
 use crate::model::{ClusterState, ServiceKey};
 use std::collections::BTreeMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -175,14 +175,7 @@ fn serve(shared: &Mutex<Shared>, stop: &AtomicBool) {
 fn answer_once(mut conn: TcpStream, answer: &str) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-        match conn.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => req.extend_from_slice(&buf[..n]),
-        }
-    }
+    crate::http::read_request_head(&mut conn, 8192);
     let _ = conn.write_all(answer.as_bytes());
 }
 

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod daemon;
 pub mod explain;
 pub mod healthcheck;
+pub mod http;
 pub mod lab;
 pub mod model;
 pub mod netlink;

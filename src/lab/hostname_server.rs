@@ -84,15 +84,7 @@ fn answer_http(mut conn: TcpStream, name: &str, peer: SocketAddr) -> io::Result<
     conn.set_nonblocking(false)?;
     // Long enough for a test to hold a connection open across a proxy restart.
     conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let mut req = Vec::new();
-    let mut buf = [0u8; 1024];
-    // Read the request head; a client that sends nothing still gets the answer.
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
-        match conn.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => req.extend_from_slice(&buf[..n]),
-        }
-    }
+    let req = crate::http::read_request_head(&mut conn, 16 * 1024);
     let body = if req.starts_with(b"GET /client ") {
         format!("{}\n", peer.ip().to_canonical())
     } else {
