@@ -687,22 +687,9 @@ fn counters_count_every_packet_both_ways_and_top_ranks_the_ports() {
 /// `dropped: …`), and its whole output.
 fn explain(c: &Cluster, src: &str, dst: &str) -> (Vec<String>, String) {
     let manifests = c.scratch.0.join("manifests.yaml");
-    let out = kube_nft_in(
-        c.node(),
-        &[
-            "explain",
-            "--manifests",
-            manifests.to_str().unwrap(),
-            "--cluster-cidr",
-            CLUSTER_CIDRS,
-            "--service-cidr",
-            SERVICE_CIDRS,
-            "--node-name",
-            NODE,
-            src,
-            dst,
-        ],
-    );
+    let mut args = proxy_command("explain", &manifests);
+    args.extend(["--node-name", NODE, src, dst]);
+    let out = kube_nft_in(c.node(), &args);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         out.status.success(),

@@ -137,18 +137,24 @@ pub fn sync_once(ns: &str, manifests: &Path) -> Output {
     sync_once_with(ns, manifests, &[])
 }
 
-/// The same, with more flags.
-pub fn sync_once_with(ns: &str, manifests: &Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "run",
-        "--once",
+/// `COMMAND --manifests PATH` with the test CIDRs: what `run`, `render` and
+/// `explain` are given alike.
+pub fn proxy_command<'a>(command: &'a str, manifests: &'a Path) -> Vec<&'a str> {
+    vec![
+        command,
         "--manifests",
         manifests.to_str().unwrap(),
         "--cluster-cidr",
         CLUSTER_CIDRS,
         "--service-cidr",
         SERVICE_CIDRS,
-    ];
+    ]
+}
+
+/// The same, with more flags.
+pub fn sync_once_with(ns: &str, manifests: &Path, extra: &[&str]) -> Output {
+    let mut args = proxy_command("run", manifests);
+    args.push("--once");
     args.extend_from_slice(extra);
     let out = kube_nft_in(ns, &args);
     assert!(
