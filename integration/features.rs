@@ -9,7 +9,7 @@ mod common;
 use common::sctp::{self, Capture};
 use common::*;
 use kube_nft::lab::hostname_server::http_get_path;
-use kube_nft::lab::topology::{CLIENT_V4, GATEWAY_V4, UPLINK_V4};
+use kube_nft::lab::topology::{CLIENT_V4, CLIENT_V6, GATEWAY_V4, UPLINK_V4, UPLINK_V6};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
@@ -817,4 +817,58 @@ fn explain_predicts_what_real_packets_meet() {
         "{text}"
     );
     assert_only(&tally(c.client(), "198.51.100.7:80", 3, false), &["pod-a"]);
+}
+
+#[test]
+fn ipv6_node_ports_answer_outside_and_pod_clients_over_tcp_and_udp() {
+    const DUAL_PODS: [(&str, &[&str]); 3] = [
+        ("pod-a", &["10.244.1.10", "fd00:10:244::10"]),
+        ("pod-b", &["10.244.1.11", "fd00:10:244::11"]),
+        ("pod-c", &["10.244.1.12", "fd00:10:244::12"]),
+    ];
+    let c = Cluster::new("np6", &DUAL_PODS, &[9376]);
+    let node = format!(
+        "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {NODE}}}\nstatus: {{addresses: [{{type: InternalIP, address: {UPLINK_V4}}}, {{type: InternalIP, address: \"{UPLINK_V6}\"}}]}}\n"
+    );
+    let spec = "  type: NodePort\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.5.40\n  clusterIPs: [10.96.5.40, \"fd00:10:96::40\"]\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30400}, {name: dns, protocol: UDP, port: 53, targetPort: 9376, nodePort: 30453}]";
+    let v6_slice = eps(
+        "np6",
+        &[
+            ep("\"fd00:10:244::10\"", NODE, ""),
+            ep("\"fd00:10:244::11\"", NODE, ""),
+        ],
+    )
+    .replace("name: np6-a", "name: np6-v6")
+    .replace("addressType: IPv4", "addressType: IPv6");
+    let v4_slice = eps(
+        "np6",
+        &[ep("10.244.1.10", NODE, ""), ep("10.244.1.11", NODE, "")],
+    );
+    c.apply_with(
+        &(node + &svc("np6", spec, "") + &v4_slice + &v6_slice),
+        &node_flag(),
+    );
+
+    let v6 = |port: u16| format!("[{UPLINK_V6}]:{port}");
+    // P(one of two pods gets none of 30) = 2 * 2^-30.
+    assert_only(
+        &tally(c.client(), &v6(30400), 30, false),
+        &["pod-a", "pod-b"],
+    );
+    assert_only(
+        &tally(c.client(), &v6(30453), 30, true),
+        &["pod-a", "pod-b"],
+    );
+    assert_only(
+        &tally(&c.pod_ns("pod-c"), &v6(30400), 30, false),
+        &["pod-a", "pod-b"],
+    );
+    // Masqueraded like IPv4 (externalTrafficPolicy: Cluster).
+    let seen = client_address_seen(c.client(), &v6(30400));
+    assert!(seen.contains(':') && seen != CLIENT_V6, "{seen}");
+    // Both families' NodePorts at once.
+    assert_only(
+        &tally(c.client(), &node_port(30400), 30, false),
+        &["pod-a", "pod-b"],
+    );
 }
