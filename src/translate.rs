@@ -432,6 +432,17 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         );
     }
 
+    // Prerouting and output alike, before DNAT: the destination is still the
+    // Service's, which the firewall and the request counters look up.
+    let mut before_dnat = vec![new_conn_jump(CHAIN_FIREWALL_CHECK)];
+    if config.counters {
+        before_dnat.extend(counting_rules(
+            Direction::Original,
+            Field::Daddr,
+            Field::Dport,
+        ));
+    }
+
     let mut table = Table {
         family,
         name: TABLE_NAME.to_string(),
@@ -523,7 +534,7 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 ChainType::Filter,
                 Hook::Prerouting,
                 -110,
-                vec![new_conn_jump(CHAIN_FIREWALL_CHECK)],
+                before_dnat.clone(),
             ),
             // What reaches these after DNAT was not DNATed: no (local) endpoints.
             base(
@@ -551,7 +562,7 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 ChainType::Filter,
                 Hook::Output,
                 -110,
-                vec![new_conn_jump(CHAIN_FIREWALL_CHECK)],
+                before_dnat,
             ),
             base(
                 "filter-output-post-dnat",
@@ -600,9 +611,10 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
 
 /// `--counters`: every packet of a Service port's connections, both directions,
 /// adds to the port's named counter. Requests are counted before DNAT (their
-/// destination is still the Service's), replies after the reverse NAT (their
-/// source is the Service's again): one map lookup keyed like `service-ips`
-/// serves both. Only maps and a fixed number of rules: no chain per Service.
+/// destination is still the Service's, see `skeleton`), replies after the reverse
+/// NAT (their source is the Service's again): one map lookup keyed like
+/// `service-ips` serves both. Only maps and a fixed number of rules: no chain per
+/// Service. This adds the maps and the reply chains.
 fn add_counting(table: &mut Table) {
     let addr = table.family.addr_type();
     table.sets.push(set(
@@ -617,37 +629,7 @@ fn add_counting(table: &mut Table) {
         Some(MapData::Counter),
         "protocol . NodePort: the Service port's counter",
     ));
-    let count = |direction: Direction, addr: Field, port: Field| {
-        let in_nodeport_ips = Stmt::InSet {
-            fields: vec![addr],
-            set: SET_NODEPORT_IPS.into(),
-        };
-        vec![
-            Rule::new(vec![
-                Stmt::CtDirection(direction),
-                Stmt::CounterByMap {
-                    fields: vec![addr, Field::L4Proto, port],
-                    map: MAP_SERVICE_COUNTERS.into(),
-                },
-            ]),
-            Rule::new(vec![
-                Stmt::CtDirection(direction),
-                in_nodeport_ips,
-                Stmt::CounterByMap {
-                    fields: vec![Field::L4Proto, port],
-                    map: MAP_NODEPORT_COUNTERS.into(),
-                },
-            ]),
-        ]
-    };
-    for chain in table.chains.iter_mut() {
-        if chain.name == "filter-prerouting" || chain.name == "filter-output" {
-            chain
-                .rules
-                .extend(count(Direction::Original, Field::Daddr, Field::Dport));
-        }
-    }
-    let replies = count(Direction::Reply, Field::Saddr, Field::Sport);
+    let replies = counting_rules(Direction::Reply, Field::Saddr, Field::Sport);
     // After the NAT hooks at 100, which restore the Service's address on replies.
     table.chains.push(base(
         "counters-input",
@@ -663,6 +645,31 @@ fn add_counting(table: &mut Table) {
         110,
         replies,
     ));
+}
+
+/// The two counting rules of one direction: `addr` and `port` are the Service's
+/// side of the packet (destination for requests, source for replies).
+fn counting_rules(direction: Direction, addr: Field, port: Field) -> Vec<Rule> {
+    vec![
+        Rule::new(vec![
+            Stmt::CtDirection(direction),
+            Stmt::CounterByMap {
+                fields: vec![addr, Field::L4Proto, port],
+                map: MAP_SERVICE_COUNTERS.into(),
+            },
+        ]),
+        Rule::new(vec![
+            Stmt::CtDirection(direction),
+            Stmt::InSet {
+                fields: vec![addr],
+                set: SET_NODEPORT_IPS.into(),
+            },
+            Stmt::CounterByMap {
+                fields: vec![Field::L4Proto, port],
+                map: MAP_NODEPORT_COUNTERS.into(),
+            },
+        ]),
+    ]
 }
 
 fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
@@ -1042,31 +1049,19 @@ pub fn service_rules(
         };
 
         let vip_key = dispatch_key(vip, port);
-        let counter = config.counters.then(|| {
-            let name = port_chain_name("svc", svc, port);
-            out.counters.push(NamedCounter {
-                name: name.clone(),
-                comment: Some(clamp_comment(&label)),
-            });
-            name
-        });
-        let counted = |key: Vec<KeyValue>| {
-            counter.as_ref().map(|name| Element {
-                key,
-                value: Some(Mapped::Counter(name.clone())),
-                comment: None,
-            })
-        };
-        let mut counted_keys = vec![vip_key.clone()];
         let internal = chains.internal(svc);
         match internal {
             Some(chain) => out.elements.push((
                 MAP_SERVICE_IPS,
-                element(vip_key, Some(Verdict::Goto(chain.to_string())), &label),
+                element(
+                    vip_key.clone(),
+                    Some(Verdict::Goto(chain.to_string())),
+                    &label,
+                ),
             )),
             None => out.elements.push((
                 MAP_NO_ENDPOINT_SERVICES,
-                element(vip_key, unserved(internal), &label),
+                element(vip_key.clone(), unserved(internal), &label),
             )),
         }
 
@@ -1075,18 +1070,26 @@ pub fn service_rules(
             .chain(&lb_ips)
             .map(|ip| dispatch_key(*ip, port))
             .collect();
-        counted_keys.extend(external_keys.iter().cloned());
-        out.elements.extend(
-            counted_keys
-                .into_iter()
-                .filter_map(&counted)
-                .map(|e| (MAP_SERVICE_COUNTERS, e)),
-        );
-        if let Some(e) = port
-            .node_port
-            .and_then(|np| counted(nodeport_key(port, np)))
-        {
-            out.elements.push((MAP_NODEPORT_COUNTERS, e));
+        if config.counters {
+            // Every address and NodePort of the port counts into one counter.
+            let name = port_chain_name("svc", svc, port);
+            let counted = |key: Vec<KeyValue>| Element {
+                key,
+                value: Some(Mapped::Counter(name.clone())),
+                comment: None,
+            };
+            for key in std::iter::once(&vip_key).chain(&external_keys) {
+                out.elements
+                    .push((MAP_SERVICE_COUNTERS, counted(key.clone())));
+            }
+            if let Some(np) = port.node_port {
+                out.elements
+                    .push((MAP_NODEPORT_COUNTERS, counted(nodeport_key(port, np))));
+            }
+            out.counters.push(NamedCounter {
+                name,
+                comment: Some(clamp_comment(&label)),
+            });
         }
         if external_keys.is_empty() && port.node_port.is_none() {
             continue;
