@@ -168,8 +168,11 @@ struct Undecided;
 
 /// What a chain did with the packet.
 enum Flow {
-    /// Fell off its end, or `return`: the caller goes on.
+    /// Fell off its end: the caller goes on.
     Continue,
+    /// `return`, or a `goto` whose target fell off its end: this chain stops
+    /// and its caller goes on.
+    Return,
     /// `accept`: this base chain is done; later base chains still see the packet.
     Accept,
     Stop(End),
@@ -264,7 +267,7 @@ impl<'a> Walk<'a> {
         for chain in chains {
             match self.chain(chain, 0)? {
                 Flow::Stop(end) => return Ok(Some(end)),
-                Flow::Continue | Flow::Accept => {}
+                Flow::Continue | Flow::Accept | Flow::Return => {}
             }
         }
         Ok(None)
@@ -276,7 +279,7 @@ impl<'a> Walk<'a> {
         for rule in &chain.rules {
             match self.rule(chain, rule, depth)? {
                 Flow::Continue => {}
-                Flow::Stop(end) if is_return(&end) => return Ok(Flow::Continue),
+                Flow::Return => return Ok(Flow::Continue),
                 other => return Ok(other),
             }
         }
@@ -408,7 +411,7 @@ impl<'a> Walk<'a> {
         Ok(match v {
             Verdict::Accept => Flow::Accept,
             Verdict::Drop => Flow::Stop(End::Dropped(self.reason(rule))),
-            Verdict::Return => Flow::Stop(End::Dropped(RETURN.into())),
+            Verdict::Return => Flow::Return,
             Verdict::Jump(target) | Verdict::Goto(target) => {
                 let Some(next) = self.table.chain(target) else {
                     return Ok(Flow::Stop(End::Dropped(format!("no chain {target}"))));
@@ -416,13 +419,7 @@ impl<'a> Walk<'a> {
                 match self.chain(next, depth + 1)? {
                     // After a jump the caller's next rule runs; after a goto the
                     // caller's caller's does: either way, the walk goes on.
-                    Flow::Continue => {
-                        if matches!(v, Verdict::Goto(_)) {
-                            Flow::Stop(End::Dropped(RETURN.into()))
-                        } else {
-                            Flow::Continue
-                        }
-                    }
+                    Flow::Continue if matches!(v, Verdict::Goto(_)) => Flow::Return,
                     other => other,
                 }
             }
@@ -477,15 +474,6 @@ impl<'a> Walk<'a> {
             .collect();
         set.elements.iter().find(|e| e.key == key)
     }
-}
-
-/// A `goto` chain that falls off its end returns past its caller: in our ruleset
-/// that only happens in the dispatch chains, where it means "on to the next base
-/// chain". Carried as a pseudo-end and turned back into `Continue`.
-const RETURN: &str = "\u{0}return";
-
-fn is_return(end: &End) -> bool {
-    matches!(end, End::Dropped(r) if r == RETURN)
 }
 
 /// The explanation as `kube-nft explain` prints it.
