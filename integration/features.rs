@@ -706,6 +706,19 @@ fn explain(c: &Cluster, src: &str, dst: &str) -> (Vec<String>, String) {
     (ends, text)
 }
 
+/// The one end explain predicts for a packet from the outside client, and the
+/// whole output.
+fn only_end(c: &Cluster, dst: &str) -> (String, String) {
+    let (ends, text) = explain(c, CLIENT_V4, dst);
+    assert_eq!(ends.len(), 1, "{text}");
+    (ends[0].clone(), text)
+}
+
+/// `A:P` of an explain destination `A:P/PROTO`.
+fn socket_of(dst: &str) -> &str {
+    dst.rsplit_once('/').unwrap().0
+}
+
 fn pod_ip(pod: &str) -> &'static str {
     PODS.iter().find(|(n, _)| *n == pod).unwrap().1[0]
 }
@@ -722,28 +735,10 @@ fn explain_predicts_what_real_packets_meet() {
     let pod_c = c.pod_ns("pod-c");
 
     // Served: the endpoints it names are the pods that answer, each with its share.
-    for (ns, src, dst, target, masqueraded) in [
-        (
-            pod_c.as_str(),
-            pod_ip("pod-c"),
-            "10.96.5.1:80/tcp",
-            "10.96.5.1:80",
-            false,
-        ),
-        (
-            c.client(),
-            CLIENT_V4,
-            "192.0.2.1:30080/tcp",
-            "192.0.2.1:30080",
-            true,
-        ),
-        (
-            c.node(),
-            UPLINK_V4,
-            "10.96.5.1:53/udp",
-            "10.96.5.1:53",
-            true,
-        ),
+    for (ns, src, dst, masqueraded) in [
+        (pod_c.as_str(), pod_ip("pod-c"), "10.96.5.1:80/tcp", false),
+        (c.client(), CLIENT_V4, "192.0.2.1:30080/tcp", true),
+        (c.node(), UPLINK_V4, "10.96.5.1:53/udp", true),
     ] {
         let (ends, text) = explain(&c, src, dst);
         assert!(text.contains("service: default/np:"), "{text}");
@@ -758,57 +753,36 @@ fn explain_predicts_what_real_packets_meet() {
         got.sort();
         assert_eq!(got, want, "{text}");
         // P(one of two pods gets none of 30) = 2 * 2^-30.
-        let t = tally(ns, target, 30, dst.ends_with("udp"));
+        let t = tally(ns, socket_of(dst), 30, dst.ends_with("udp"));
         assert_only(&t, &["pod-a", "pod-b"]);
         if dst.ends_with("tcp") && masqueraded {
-            assert_ne!(client_address_seen(ns, target), CLIENT_V4);
+            assert_ne!(client_address_seen(ns, socket_of(dst)), CLIENT_V4);
         }
     }
 
     // Refused: a NodePort and a ClusterIP without endpoints, a ClusterIP's wrong port.
-    for (dst, target, why) in [
+    for (dst, why) in [
         (
             "192.0.2.1:30090/tcp",
-            "192.0.2.1:30090",
             "default/np-empty:http has no endpoints",
         ),
-        (
-            "10.96.5.2:80/tcp",
-            "10.96.5.2:80",
-            "default/np-empty:http has no endpoints",
-        ),
-        (
-            "10.96.5.1:81/tcp",
-            "10.96.5.1:81",
-            "invalid ports of ClusterIPs",
-        ),
+        ("10.96.5.2:80/tcp", "default/np-empty:http has no endpoints"),
+        ("10.96.5.1:81/tcp", "invalid ports of ClusterIPs"),
     ] {
-        let (ends, text) = explain(&c, CLIENT_V4, dst);
-        assert_eq!(ends.len(), 1, "{text}");
-        assert!(
-            ends[0].starts_with("rejected: ") && ends[0].contains(why),
-            "{text}"
-        );
-        assert_refused_at_once(c.client(), target);
+        let (end, text) = only_end(&c, dst);
+        assert!(end.starts_with("rejected: ") && end.contains(why), "{text}");
+        assert_refused_at_once(c.client(), socket_of(dst));
     }
 
     // Dropped: an unallocated service address, and a load balancer IP from a
     // source outside its ranges (whose externalIP still serves).
-    for (dst, target, why) in [
-        ("10.96.9.9:80/tcp", "10.96.9.9:80", "unallocated ClusterIPs"),
-        (
-            "198.51.100.8:80/tcp",
-            "198.51.100.8:80",
-            "loadBalancerSourceRanges",
-        ),
+    for (dst, why) in [
+        ("10.96.9.9:80/tcp", "unallocated ClusterIPs"),
+        ("198.51.100.8:80/tcp", "loadBalancerSourceRanges"),
     ] {
-        let (ends, text) = explain(&c, CLIENT_V4, dst);
-        assert_eq!(ends.len(), 1, "{text}");
-        assert!(
-            ends[0].starts_with("dropped: ") && ends[0].contains(why),
-            "{text}"
-        );
-        assert_dropped(c.client(), target);
+        let (end, text) = only_end(&c, dst);
+        assert!(end.starts_with("dropped: ") && end.contains(why), "{text}");
+        assert_dropped(c.client(), socket_of(dst));
     }
     let (ends, text) = explain(&c, CLIENT_V4, "198.51.100.7:80/tcp");
     assert_eq!(

@@ -4,7 +4,8 @@
 //! Order inside the transaction matters to the kernel, which checks references
 //! message by message: counters, sets and chains are created before the rules and
 //! elements that refer to them, and elements pointing at a chain (or naming a
-//! counter) are deleted before it. The whole plan commits atomically, so packets never see a half state.
+//! counter) are deleted before it. The whole plan commits atomically, so packets
+//! never see a half state.
 
 use super::lower::{KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable};
 use super::nftables::{write_table, Batch};

@@ -45,7 +45,7 @@ const NEWSETELEM: u16 = 12;
 pub(crate) const GETSETELEM: u16 = 13;
 const DELSETELEM: u16 = 14;
 const NEWOBJ: u16 = 18;
-pub(crate) const GETOBJ: u16 = 19;
+const GETOBJ: u16 = 19;
 const DELOBJ: u16 = 20;
 /// `NFTA_SET_ELEM_OBJREF`: an object map element's object name.
 const SET_ELEM_OBJREF: u16 = 9;
