@@ -1,36 +1,44 @@
 //! `kube-nft run`: keeps the kernel in step with the source.
 //!
-//! Events (the manifests changed, someone else changed our table, the resync
-//! period elapsed) only mark work; syncs happen at most once per `min_sync_period`,
-//! so a burst of changes becomes one transaction. A failed sync leaves the previous
-//! ruleset in place and is retried with backoff, as a full sync.
+//! Events (objects changed, someone else changed our table, the resync period
+//! elapsed) only mark work; syncs happen at most once per `min_sync_period`, so a
+//! burst of changes becomes one transaction. A failed sync leaves the previous
+//! ruleset in place and is retried with backoff, as a full sync. With the API
+//! server as source nothing is programmed until every kind has been listed once:
+//! programming a partial picture would delete the rules of Services not yet seen.
+//! SIGTERM and SIGINT stop the daemon and leave the rules serving.
 
+use crate::config::{DetectLocal, Settings, Source};
 use crate::healthcheck::{self, HealthServers};
+use crate::http::Response;
+use crate::metrics::Metrics;
+use crate::model::ServiceKey;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
-use crate::ruleset::TABLE_NAME;
-use crate::source::files;
+use crate::proxy_health::ProxyHealth;
+use crate::ruleset::{Family, TABLE_NAME};
+use crate::source::tracker::ChangeTracker;
+use crate::source::{files, kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
 use crate::translate::{NodeConfig, NodePortAddresses};
+use ipnet::IpNet;
 use std::path::PathBuf;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-
-pub struct RunOptions {
-    pub manifests: Vec<PathBuf>,
-    pub node_name: Option<String>,
-    pub config: NodeConfig,
-    pub once: bool,
-    /// How often the whole table is read back and repaired.
-    pub sync_period: Duration,
-    /// The least time between two syncs; changes within it are coalesced.
-    pub min_sync_period: Duration,
-}
 
 enum Event {
     ManifestsChanged,
+    Api(Update),
     Drift(Change),
+    Terminate(&'static str),
+}
+
+impl From<Update> for Event {
+    fn from(u: Update) -> Event {
+        Event::Api(u)
+    }
 }
 
 /// The newest modification time among the manifest files and directories.
@@ -54,54 +62,107 @@ pub fn with_local_addresses(mut config: NodeConfig) -> NodeConfig {
     config
 }
 
-fn refresh_addresses(proxier: &mut Proxier) {
-    let config = with_local_addresses(proxier.config().clone());
-    proxier.set_config(config);
+/// The first CIDR of each family (the ruleset drops unallocated addresses in one
+/// Service CIDR per family).
+fn one_per_family(cidrs: &[IpNet]) -> Vec<IpNet> {
+    Family::ALL
+        .into_iter()
+        .filter_map(|f| cidrs.iter().find(|c| Family::of_net(c) == f).copied())
+        .collect()
 }
 
-fn load(opts: &RunOptions, proxier: &mut Proxier) -> Result<(), String> {
-    refresh_addresses(proxier);
-    let loaded = files::load(&opts.manifests).map_err(|e| e.to_string())?;
-    log_rejected(&loaded.rejected);
-    let validated = validate(&loaded.objects, opts.node_name.as_deref());
-    proxier.replace_state(validated.state);
+/// Keeps the node settings that the cluster decides (pod CIDRs for NodeCIDR
+/// detection, ServiceCIDRs, this node's addresses) in step with it.
+struct NodeSettings {
+    base: NodeConfig,
+    detect_local: DetectLocal,
+    service_cidrs_from_api: bool,
+}
+
+impl NodeSettings {
+    fn apply(&self, proxier: &mut Proxier, api_service_cidrs: &[IpNet], read_addresses: bool) {
+        let mut config = self.base.clone();
+        if self.detect_local == DetectLocal::NodeCidr {
+            config.cluster_cidrs = proxier
+                .state()
+                .node
+                .as_ref()
+                .map(|n| one_per_family(&n.pod_cidrs))
+                .unwrap_or_default();
+        }
+        if self.service_cidrs_from_api {
+            config.service_cidrs = one_per_family(api_service_cidrs);
+        }
+        config.local_addresses = proxier.config().local_addresses.clone();
+        if read_addresses {
+            config = with_local_addresses(config);
+        }
+        proxier.set_config(config);
+    }
+}
+
+/// Starts the healthz and metrics servers; a port that cannot be bound is logged
+/// and skipped, as kube-proxy does by default.
+fn start_servers(settings: &Settings, health: &Arc<ProxyHealth>, metrics: &Arc<Metrics>) {
+    if let Some(addr) = settings.healthz_bind_address {
+        let h = health.clone();
+        match crate::http::serve(addr, move |path| h.respond(path)) {
+            Ok(a) => tracing::info!("healthz on http://{a}/healthz and /livez"),
+            Err(e) => tracing::error!("healthz server on {addr}: {e}"),
+        }
+    }
+    if let Some(addr) = settings.metrics_bind_address {
+        let m = metrics.clone();
+        let h = health.clone();
+        let served = crate::http::serve(addr, move |path| match path {
+            "/metrics" => Response {
+                status: 200,
+                content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body: m.render(),
+            },
+            // kube-proxy serves its health on the metrics port too.
+            "/healthz" | "/livez" => h.respond(path),
+            _ => Response {
+                status: 404,
+                content_type: "text/plain",
+                body: "404 page not found\n".into(),
+            },
+        });
+        match served {
+            Ok(a) => tracing::info!("metrics on http://{a}/metrics"),
+            Err(e) => tracing::error!("metrics server on {addr}: {e}"),
+        }
+    }
+}
+
+/// Sends `Terminate` on SIGTERM or SIGINT.
+fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| format!("signal handling: {e}"))?;
+    let (mut term, mut int) = runtime
+        .block_on(async {
+            Ok::<_, std::io::Error>((
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+            ))
+        })
+        .map_err(|e| format!("signal handling: {e}"))?;
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            let _ = tx.send(Event::Terminate(name));
+        })
+    });
     Ok(())
 }
 
-/// Parses `30s`, `500ms`, `2m` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map_or((s, "s"), |i| s.split_at(i));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (like 30s, 500ms, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs_f64(secs))
-}
-
-pub fn run(opts: RunOptions) -> Result<(), String> {
-    opts.config.validate().map_err(|e| e.to_string())?;
-    let mut proxier = Proxier::new(opts.config.clone())
-        .map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
-    load(&opts, &mut proxier)?;
-    let mut flows = StaleFlowCleaner::default();
-    if opts.once {
-        let r = proxier.sync().map_err(|e| e.to_string())?;
-        log_sync(&r);
-        clean_flows(&mut flows, &proxier, &r);
-        return Ok(());
-    }
-
-    let (tx, rx) = mpsc::channel();
-    let paths = opts.manifests.clone();
-    let watcher_tx = tx.clone();
+fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
     std::thread::spawn(move || {
         let mut seen = manifests_stamp(&paths);
         loop {
@@ -109,12 +170,15 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
             let now = manifests_stamp(&paths);
             if now != seen {
                 seen = now;
-                if watcher_tx.send(Event::ManifestsChanged).is_err() {
+                if tx.send(Event::ManifestsChanged).is_err() {
                     return;
                 }
             }
         }
     });
+}
+
+fn watch_drift(tx: mpsc::Sender<Event>) {
     match Monitor::open() {
         Ok(mut monitor) => {
             std::thread::spawn(move || {
@@ -130,36 +194,123 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
             "not watching nf_tables notifications ({e}); drift is repaired every sync period"
         ),
     }
+}
 
-    let health = HealthServers::start();
+fn load_manifests(
+    paths: &[PathBuf],
+    node_name: &str,
+    proxier: &mut Proxier,
+    metrics: &Metrics,
+) -> Result<(), String> {
+    let loaded = files::load(paths).map_err(|e| e.to_string())?;
+    log_rejected(&loaded.rejected);
+    metrics.rejected(&loaded.rejected);
+    let validated = validate(&loaded.objects, Some(node_name));
+    metrics.rejected(&validated.rejected);
+    proxier.replace_state(validated.state);
+    Ok(())
+}
+
+/// Settles `oomScoreAdj` for this process, as kube-proxy does (it should be the
+/// last thing the kernel kills: the node's Services depend on it).
+fn set_oom_score_adj(adj: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
+        tracing::warn!("setting oom_score_adj to {adj}: {e}");
+    }
+}
+
+pub fn run(settings: Settings, once: bool) -> Result<(), String> {
+    settings.node.validate().map_err(|e| e.to_string())?;
+    if let Some(adj) = settings.oom_score_adj {
+        set_oom_score_adj(adj);
+    }
+    let mut proxier = Proxier::new(settings.node.clone())
+        .map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
+    let node_settings = NodeSettings {
+        base: settings.node.clone(),
+        detect_local: settings.detect_local,
+        service_cidrs_from_api: settings.service_cidrs_from_api,
+    };
+    node_settings.apply(&mut proxier, &[], true);
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
+    health.queued();
+
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut tracker = None;
+    match &settings.source {
+        Source::Manifests(paths) => {
+            load_manifests(paths, &settings.node_name, &mut proxier, &metrics)?;
+            if !once {
+                watch_manifests(paths.clone(), tx.clone());
+            }
+        }
+        Source::Api(conn) => {
+            kubernetes::spawn(&conn.connection(), &settings.node_name, tx.clone())?;
+            tracker = Some(ChangeTracker::new(&settings.node_name));
+            tracing::info!("watching the API server as node {:?}", settings.node_name);
+        }
+    }
+    watch_signals(tx.clone())?;
+    if !once {
+        watch_drift(tx.clone());
+        start_servers(&settings, &health, &metrics);
+    }
+    drop(tx);
+
+    let service_health = (!once).then(HealthServers::start);
+    let mut flows = StaleFlowCleaner::default();
     let mut last_sync: Option<Instant> = None;
     let mut last_full = Instant::now();
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     loop {
+        let ready = tracker.as_ref().is_none_or(ChangeTracker::synced);
         let now = Instant::now();
-        if now.duration_since(last_full) >= opts.sync_period {
-            refresh_addresses(&mut proxier);
+        if now.duration_since(last_full) >= settings.sync_period {
+            node_settings.apply(
+                &mut proxier,
+                &tracker
+                    .as_ref()
+                    .map(|t| t.service_cidrs())
+                    .unwrap_or_default(),
+                true,
+            );
             proxier.request_full_sync();
         }
         let earliest = last_sync
-            .map_or(now, |t| t + opts.min_sync_period)
+            .map_or(now, |t| t + settings.min_sync_period)
             .max(retry_at.unwrap_or(now));
-        if proxier.pending() && now >= earliest {
+        if ready && proxier.pending() && now >= earliest {
             last_sync = Some(now);
             let result = proxier.sync();
-            health.update(healthcheck::wanted(proxier.state()), result.is_ok());
+            if let Some(s) = &service_health {
+                s.update(healthcheck::wanted(proxier.state()), result.is_ok());
+            }
             match result {
                 Ok(r) => {
+                    let done = SystemTime::now();
                     if r.kind == SyncKind::Full {
                         last_full = now;
                     }
                     log_sync(&r);
+                    health.updated();
+                    metrics.sync_succeeded(&r, proxier.state(), done);
+                    if let Some(t) = tracker.as_mut() {
+                        metrics.programmed(&programmed_triggers(t, &r), done);
+                    }
                     clean_flows(&mut flows, &proxier, &r);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
+                    if once {
+                        return Ok(());
+                    }
                 }
                 Err(e) => {
+                    if once {
+                        return Err(e.to_string());
+                    }
+                    metrics.sync_failed();
                     tracing::error!(
                         "sync failed, the previous rules stay in place; full sync in {}s: {e}",
                         backoff.as_secs()
@@ -170,24 +321,59 @@ pub fn run(opts: RunOptions) -> Result<(), String> {
             }
             continue;
         }
-        let next_full = last_full + opts.sync_period;
-        let wake = if proxier.pending() {
+        let next_full = last_full + settings.sync_period;
+        let wake = if ready && proxier.pending() {
             earliest.min(next_full)
         } else {
             next_full
         };
-        match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-            Ok(Event::ManifestsChanged) => {
-                if let Err(e) = load(&opts, &mut proxier) {
-                    tracing::error!("reading manifests: {e}");
+        let event = match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+            Ok(event) => event,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err("event sources stopped".into()),
+        };
+        match event {
+            Event::ManifestsChanged => {
+                if let Source::Manifests(paths) = &settings.source {
+                    if let Err(e) =
+                        load_manifests(paths, &settings.node_name, &mut proxier, &metrics)
+                    {
+                        tracing::error!("reading manifests: {e}");
+                    }
                 }
             }
-            Ok(Event::Drift(change)) => {
+            Event::Api(update) => {
+                let Some(t) = tracker.as_mut() else { continue };
+                let is_node = matches!(update, Update::Node(_));
+                let applied = t.apply(update, &mut proxier);
+                log_rejected(&applied.rejected);
+                metrics.rejected(&applied.rejected);
+                metrics.changes_seen(applied.service_changes, applied.endpoint_changes);
+                if is_node || applied.service_cidrs_changed {
+                    node_settings.apply(&mut proxier, &t.service_cidrs(), false);
+                }
+            }
+            Event::Drift(change) => {
                 tracing::warn!("our table was changed outside kube-nft ({change:?}); repairing");
                 proxier.request_full_sync();
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err("event sources stopped".into()),
+            Event::Terminate(signal) => {
+                tracing::info!("{signal}: stopping; the rules stay in place and keep serving");
+                return Ok(());
+            }
+        }
+        if proxier.pending() {
+            health.queued();
+        }
+    }
+}
+
+/// The trigger times of the changes a sync programmed.
+fn programmed_triggers(tracker: &mut ChangeTracker, r: &SyncReport) -> Vec<SystemTime> {
+    match r.kind {
+        SyncKind::Full => tracker.take_all_triggers(),
+        SyncKind::Partial => {
+            tracker.take_triggers(r.recomputed.iter().collect::<Vec<&ServiceKey>>())
         }
     }
 }
@@ -200,7 +386,7 @@ fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier, sync: &SyncRep
     }
 }
 
-fn log_sync(r: &crate::proxy::SyncReport) {
+fn log_sync(r: &SyncReport) {
     tracing::info!(
         kind = ?r.kind,
         services = r.services,
@@ -209,18 +395,4 @@ fn log_sync(r: &crate::proxy::SyncReport) {
         "synced in {:.1} ms",
         r.duration.as_secs_f64() * 1000.0
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_like_kube_proxy_flags() {
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("5").unwrap(), Duration::from_secs(5));
-        assert!(parse_duration("5 parsecs").is_err());
-    }
 }

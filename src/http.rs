@@ -1,7 +1,10 @@
-//! The little HTTP/1 the node needs to speak (health checks, the lab's pods):
-//! read a request head, answer, close.
+//! The little HTTP/1 the node needs to speak (health checks, metrics, the lab's
+//! pods): read a request head, answer, close.
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Reads until the end of the request head (a blank line), EOF, an error or a
 /// timeout, or `limit` bytes; returns what arrived. Callers answer whatever it
@@ -18,6 +21,66 @@ pub fn read_request_head(conn: &mut impl Read, limit: usize) -> Vec<u8> {
     req
 }
 
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Response {
+    fn write_to(&self, conn: &mut impl Write) -> std::io::Result<()> {
+        let reason = match self.status {
+            200 => "OK",
+            404 => "Not Found",
+            503 => "Service Unavailable",
+            _ => "",
+        };
+        write!(
+            conn,
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            self.status,
+            self.content_type,
+            self.body.len(),
+            self.body
+        )
+    }
+}
+
+/// The path of a request head (`GET /metrics HTTP/1.1` → `/metrics`), without query.
+pub fn request_path(head: &[u8]) -> &str {
+    let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    let target = std::str::from_utf8(line)
+        .unwrap_or_default()
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default();
+    target.split('?').next().unwrap_or_default()
+}
+
+/// Serves `handler` (given the request path) on `addr` from a thread of its own,
+/// one request per connection. Fails only if `addr` cannot be bound.
+pub fn serve(
+    addr: SocketAddr,
+    handler: impl Fn(&str) -> Response + Send + Sync + 'static,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    let handler = Arc::new(handler);
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let handler = handler.clone();
+            std::thread::spawn(move || answer(conn, &*handler));
+        }
+    });
+    Ok(bound)
+}
+
+fn answer(mut conn: TcpStream, handler: &dyn Fn(&str) -> Response) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let head = read_request_head(&mut conn, 8192);
+    let _ = handler(request_path(&head)).write_to(&mut conn);
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -26,5 +89,14 @@ mod tests {
         assert_eq!(super::read_request_head(&mut &head[..], 8192), head);
         let endless = vec![b'a'; 10_000];
         assert!(super::read_request_head(&mut &endless[..], 2048).len() < 4096);
+    }
+
+    #[test]
+    fn path_is_the_request_target_without_query() {
+        assert_eq!(
+            super::request_path(b"GET /livez?x=1 HTTP/1.1\r\n\r\n"),
+            "/livez"
+        );
+        assert_eq!(super::request_path(b"garbage"), "");
     }
 }

@@ -7,15 +7,18 @@
 //! `proxy` runs one sync through it; `lab` demonstrates it in network namespaces.
 
 pub mod bench;
+pub mod config;
 pub mod daemon;
 pub mod explain;
 pub mod healthcheck;
 pub mod http;
 pub mod lab;
+pub mod metrics;
 pub mod model;
 pub mod netlink;
 pub mod netns;
 pub mod proxy;
+pub mod proxy_health;
 pub mod ruleset;
 pub mod source;
 pub mod stale_flows;

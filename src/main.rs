@@ -2,11 +2,11 @@
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
-use kube_nft::daemon::{self, RunOptions};
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
 use kube_nft::translate::{NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT};
+use kube_nft::{config, daemon};
 use kube_nft::{proxy, text};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,20 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Program the current network namespace from manifests, and keep it in sync.
-    Run {
-        #[command(flatten)]
-        proxy: ProxyArgs,
-        /// Apply once and exit: 0 only if the ruleset was committed.
-        #[arg(long)]
-        once: bool,
-        /// How often the whole table is read back and repaired.
-        #[arg(long, default_value = "30s", value_parser = daemon::parse_duration)]
-        sync_period: Duration,
-        /// The least time between syncs; changes within it go out together.
-        #[arg(long, default_value = "1s", value_parser = daemon::parse_duration)]
-        min_sync_period: Duration,
-    },
+    /// Proxy Services in the current network namespace, kept in sync with the API
+    /// server (as kube-proxy; its flags and config file) or with manifests.
+    Run(Box<RunArgs>),
     /// Print, as `nft -f` input, the ruleset `run` would program.
     Render {
         #[command(flatten)]
@@ -139,31 +128,115 @@ enum Command {
     },
 }
 
+/// `run`'s flags: kube-proxy's, with the same names and meanings, plus ours.
+/// A flag given wins over `--config`; unset ones take the file's value or the default.
+#[derive(Args)]
+struct RunArgs {
+    /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Read Services and EndpointSlices from manifests instead of an API server.
+    #[arg(long, num_args = 1..)]
+    manifests: Vec<PathBuf>,
+    /// The kubeconfig to reach the API server with (default: in-cluster, or $KUBECONFIG).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's).
+    #[arg(long)]
+    master: Option<String>,
+    /// This node's name, if not its hostname.
+    #[arg(long, alias = "node-name")]
+    hostname_override: Option<String>,
+    /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
+    /// ClusterIP is masqueraded.
+    #[arg(long, value_delimiter = ',')]
+    cluster_cidr: Option<Vec<IpNet>>,
+    /// Service CIDRs (one per family): unallocated addresses in them are dropped.
+    /// Default: from the cluster's ServiceCIDR objects.
+    #[arg(long, value_delimiter = ',')]
+    service_cidr: Option<Vec<IpNet>>,
+    /// Where NodePorts are served: `primary` (default), `all`, or CIDRs selecting
+    /// this node's addresses.
+    #[arg(long)]
+    nodeport_addresses: Option<String>,
+    /// Masquerade every connection to a ClusterIP.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    masquerade_all: Option<bool>,
+    /// The bit of the packet mark that requests masquerade (default 14: 0x4000).
+    #[arg(long)]
+    masquerade_bit: Option<u8>,
+    /// What is traffic from a pod: ClusterCIDR (default) or NodeCIDR.
+    #[arg(long)]
+    detect_local_mode: Option<String>,
+    /// HOST:PORT of /healthz and /livez (default 0.0.0.0:10256; empty: off).
+    #[arg(long)]
+    healthz_bind_address: Option<String>,
+    /// HOST:PORT of /metrics (default 127.0.0.1:10249; empty: off).
+    #[arg(long)]
+    metrics_bind_address: Option<String>,
+    /// How often the whole table is read back and repaired (default 30s).
+    #[arg(long, value_parser = config::parse_duration)]
+    sync_period: Option<Duration>,
+    /// The least time between syncs; changes within it go out together (default 1s).
+    #[arg(long, value_parser = config::parse_duration)]
+    min_sync_period: Option<Duration>,
+    /// Count every Service port's packets and bytes (see `kube-nft top`).
+    #[arg(long)]
+    counters: bool,
+    /// Apply once and exit: 0 only if the ruleset was committed.
+    #[arg(long)]
+    once: bool,
+    /// Remove kube-nft's tables and exit (as `kube-nft cleanup`).
+    #[arg(long)]
+    cleanup: bool,
+}
+
+impl RunArgs {
+    fn flags(&self) -> config::Flags {
+        config::Flags {
+            config: self.config.clone(),
+            manifests: self.manifests.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            master: self.master.clone(),
+            hostname_override: self.hostname_override.clone(),
+            cluster_cidr: self.cluster_cidr.clone(),
+            service_cidr: self.service_cidr.clone(),
+            nodeport_addresses: self.nodeport_addresses.clone(),
+            masquerade_all: self.masquerade_all,
+            masquerade_bit: self.masquerade_bit,
+            detect_local_mode: self.detect_local_mode.clone(),
+            healthz_bind_address: self.healthz_bind_address.clone(),
+            metrics_bind_address: self.metrics_bind_address.clone(),
+            sync_period: self.sync_period,
+            min_sync_period: self.min_sync_period,
+            counters: self.counters,
+        }
+    }
+}
+
+/// The flags of the one-shot commands that translate manifests (`render`, `explain`).
 #[derive(Args)]
 struct ProxyArgs {
     /// Manifest files or directories (YAML or JSON; multi-document; `kind: List`).
     #[arg(long, num_args = 1.., required = true)]
     manifests: Vec<PathBuf>,
     /// This node's name, to pick its Node object.
-    #[arg(long)]
+    #[arg(long, alias = "hostname-override")]
     node_name: Option<String>,
-    /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
-    /// ClusterIP is masqueraded.
+    /// Pod CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
     cluster_cidr: Vec<IpNet>,
-    /// Service CIDRs (comma-separated, one per family): unallocated addresses in
-    /// them are dropped.
+    /// Service CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
     service_cidr: Vec<IpNet>,
-    /// The bit of the packet mark that requests masquerade (kube-proxy's default 14: 0x4000).
     #[arg(long, default_value_t = DEFAULT_MASQUERADE_BIT)]
     masquerade_bit: u8,
-    /// Where NodePorts are served: `primary` (the Node object's primary IPs) or
-    /// comma-separated CIDRs selecting this node's addresses. Never loopback.
+    /// `primary`, `all`, or CIDRs selecting this node's addresses.
     #[arg(long, default_value = "primary")]
     nodeport_addresses: NodePortAddresses,
-    /// Count every Service port's packets and bytes (a named counter per port,
-    /// listed by `kube-nft top` and `nft list counters`).
+    #[arg(long)]
+    masquerade_all: bool,
+    /// Include the per-Service-port counters.
     #[arg(long)]
     counters: bool,
 }
@@ -177,6 +250,7 @@ impl ProxyArgs {
             nodeport_addresses: self.nodeport_addresses.clone(),
             local_addresses: Vec::new(),
             counters: self.counters,
+            masquerade_all: self.masquerade_all,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -210,22 +284,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result: Result<bool, String> = match cli.command {
-        Command::Run {
-            proxy,
-            once,
-            sync_period,
-            min_sync_period,
-        } => proxy.config().and_then(|config| {
-            daemon::run(RunOptions {
-                manifests: proxy.manifests,
-                node_name: proxy.node_name,
-                config,
-                once,
-                sync_period,
-                min_sync_period,
-            })
-            .map(|_| true)
-        }),
+        Command::Run(args) => run(&args),
         Command::Render { proxy } => {
             proxy
                 .config_here()
@@ -235,10 +294,7 @@ fn main() -> ExitCode {
                     true
                 })
         }
-        Command::Cleanup => NftSocket::open()
-            .map_err(|e| e.to_string())
-            .and_then(|mut s| proxy::cleanup(&mut s).map_err(|e| e.to_string()))
-            .map(|_| true),
+        Command::Cleanup => cleanup(),
         Command::Top { limit } => top(limit),
         Command::Explain { proxy, src, dst } => explain(&proxy, src, &dst),
         Command::Lab {
@@ -302,6 +358,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run(args: &RunArgs) -> Result<bool, String> {
+    if args.cleanup {
+        return cleanup();
+    }
+    let settings = config::resolve(&args.flags())?;
+    daemon::run(settings, args.once).map(|_| true)
+}
+
+fn cleanup() -> Result<bool, String> {
+    let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
+    proxy::cleanup(&mut sock).map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, String> {

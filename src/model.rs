@@ -196,6 +196,8 @@ pub struct NodeInfo {
     /// The node's primary IPs, one per family: its first InternalIP of the family,
     /// else its first ExternalIP (as kube-proxy picks them).
     pub primary_ips: Vec<IpAddr>,
+    /// `spec.podCIDRs`: this node's pods, for `detectLocalMode: NodeCIDR`.
+    pub pod_cidrs: Vec<IpNet>,
 }
 
 /// Everything kube-nft proxies, as validated objects.
@@ -266,7 +268,7 @@ pub enum Converted<T> {
     Skipped(Skip),
 }
 
-fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+pub fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
     meta.namespace
         .clone()
         .unwrap_or_else(|| "default".to_string())
@@ -739,8 +741,26 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
             primary_ips.push(ip);
         }
     }
+    let mut pod_cidrs = Vec::new();
+    let spec = node.spec.as_ref();
+    for (i, c) in spec
+        .and_then(|s| s.pod_cidrs.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        let net: IpNet = c.parse().map_err(|_| {
+            reject(
+                &object,
+                format!("spec.podCIDRs[{i}]"),
+                format!("{c:?} is not a CIDR"),
+            )
+        })?;
+        pod_cidrs.push(net.trunc());
+    }
     Ok(NodeInfo {
         name,
+        pod_cidrs,
         zone: node
             .metadata
             .labels

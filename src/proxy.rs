@@ -13,7 +13,10 @@
 //! Either way the changes go out as one atomic transaction; if the kernel refuses
 //! it nothing changed, and the next sync is a full one.
 
-use crate::model::{build_state, ClusterState, Objects, Rejected, ServiceKey, Validated};
+use crate::model::{
+    build_state, ClusterState, EndpointSlice, NodeInfo, Objects, Rejected, Service, ServiceKey,
+    Validated,
+};
 use crate::netlink::diff::{diff_rules, Plan};
 use crate::netlink::lower::{
     lower_chain, lower_counter, lower_element, lower_set, lower_table, KernelChain, KernelCounter,
@@ -288,6 +291,58 @@ impl Proxier {
             }
         }
         self.state = state;
+    }
+
+    /// Sets (or, with `None`, removes) one Service. It is marked for the next sync
+    /// only if it changed, so a relist that repeats what we have costs no rules.
+    pub fn set_service(&mut self, key: &ServiceKey, svc: Option<Service>) -> bool {
+        if self.state.services.get(key) == svc.as_ref() {
+            return false;
+        }
+        match svc {
+            Some(svc) => self.state.services.insert(key.clone(), svc),
+            None => self.state.services.remove(key),
+        };
+        self.dirty.insert(key.clone());
+        true
+    }
+
+    /// Sets (or removes) one EndpointSlice of the Service `key`; marks the Service
+    /// only if the slice changed.
+    pub fn set_slice(
+        &mut self,
+        key: &ServiceKey,
+        name: &str,
+        slice: Option<EndpointSlice>,
+    ) -> bool {
+        let slices = self.state.slices.entry(key.clone()).or_default();
+        if slices.get(name) == slice.as_ref() {
+            if slices.is_empty() {
+                self.state.slices.remove(key);
+            }
+            return false;
+        }
+        match slice {
+            Some(slice) => {
+                slices.insert(name.to_string(), slice);
+            }
+            None => {
+                slices.remove(name);
+                if slices.is_empty() {
+                    self.state.slices.remove(key);
+                }
+            }
+        }
+        self.dirty.insert(key.clone());
+        true
+    }
+
+    /// Sets this node's Node; a change shapes every Service, so it forces a full sync.
+    pub fn set_node(&mut self, node: Option<NodeInfo>) {
+        if self.state.node != node {
+            self.state.node = node;
+            self.full_sync_needed = true;
+        }
     }
 
     /// Changes the model through `change`, marking the Service `key` for the next sync.

@@ -59,6 +59,9 @@ pub struct NodeConfig {
     /// `--counters`: a named counter per Service port, counting every packet of
     /// its connections in both directions.
     pub counters: bool,
+    /// `--masquerade-all`: masquerade every connection to a ClusterIP, not only
+    /// those from outside the cluster CIDRs.
+    pub masquerade_all: bool,
 }
 
 /// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
@@ -73,19 +76,39 @@ pub enum NodePortAddresses {
 impl std::str::FromStr for NodePortAddresses {
     type Err = String;
 
+    /// kube-proxy's list: `primary` alone, or CIDRs and `all` (every address).
     fn from_str(s: &str) -> Result<Self, String> {
-        if s.trim() == "primary" {
+        let items: Vec<&str> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|i| !i.is_empty())
+            .collect();
+        if items.is_empty() || items == ["primary"] {
             return Ok(NodePortAddresses::Primary);
         }
-        s.split(',')
-            .map(|c| {
-                c.trim()
-                    .parse::<IpNet>()
-                    .map(|n| n.trunc())
-                    .map_err(|_| format!("{c:?} is neither a CIDR nor \"primary\""))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(NodePortAddresses::Cidrs)
+        let mut cidrs = Vec::new();
+        for item in items {
+            match item {
+                "all" => cidrs.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<IpNet>().unwrap())),
+                "primary" => {
+                    return Err(
+                        "\"primary\" together with CIDRs is not supported; give either".into(),
+                    )
+                }
+                "localhost" => {
+                    return Err(
+                        "\"localhost\" is not supported: NodePorts are never served on loopback"
+                            .into(),
+                    )
+                }
+                cidr => cidrs.push(
+                    cidr.parse::<IpNet>()
+                        .map_err(|_| format!("{cidr:?} is not a CIDR, \"primary\" or \"all\""))?
+                        .trunc(),
+                ),
+            }
+        }
+        Ok(NodePortAddresses::Cidrs(cidrs))
     }
 }
 
@@ -98,6 +121,7 @@ impl Default for NodeConfig {
             nodeport_addresses: NodePortAddresses::Primary,
             local_addresses: Vec::new(),
             counters: false,
+            masquerade_all: false,
         }
     }
 }
@@ -390,7 +414,15 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
     };
 
     let mut services = Vec::new();
-    if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
+    if config.masquerade_all {
+        services.push(
+            Rule::new(vec![
+                in_set(Field::Daddr, SET_CLUSTER_IPS),
+                Stmt::MarkOr(mark),
+            ])
+            .with_comment("masquerade all traffic to ClusterIPs"),
+        );
+    } else if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
         services.push(
             Rule::new(vec![
                 in_set(Field::Daddr, SET_CLUSTER_IPS),

@@ -33,7 +33,7 @@ pub const REG_2: u32 = 2;
 /// The register `nft` uses for the 32-bit slot `slot` (0-based) of a concatenation:
 /// the 16-byte name where the slot starts one, else the 32-bit name.
 pub fn reg32(slot: u32) -> u32 {
-    if slot % 4 == 0 {
+    if slot.is_multiple_of(4) {
         REG_1 + slot / 4
     } else {
         8 + slot

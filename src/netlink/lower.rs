@@ -400,7 +400,7 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             let (offset, len) = addr_location(family, *field);
             let prefix = net.prefix_len() as u32;
             let addr = addr_bytes(&net.network());
-            if prefix % 8 == 0 {
+            if prefix.is_multiple_of(8) {
                 // nft loads only the whole bytes a byte-aligned prefix covers.
                 out.push(Expr::Payload {
                     dreg: REG_1,

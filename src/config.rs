@@ -1,0 +1,638 @@
+//! kube-proxy's configuration: its flags and its `KubeProxyConfiguration`
+//! (`kubeproxy.config.k8s.io/v1alpha1`) file, resolved into what `run` needs.
+//!
+//! A flag given on the command line wins over the file, and the file over the
+//! defaults (kube-proxy's nftables defaults). Every field of the v1alpha1 schema
+//! is known here: a field we implement is used, a field we do not is accepted only
+//! at its zero value (kubeadm writes them all), and anything else, including a
+//! misspelt field, stops the start with a message naming the field.
+
+use crate::source::kubernetes::Connection;
+use crate::translate::{NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT};
+use ipnet::IpNet;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+pub const DEFAULT_HEALTHZ_BIND_ADDRESS: &str = "0.0.0.0:10256";
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = "127.0.0.1:10249";
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// The settings that come as flags; `None` means not given.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub config: Option<PathBuf>,
+    pub manifests: Vec<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
+    pub hostname_override: Option<String>,
+    pub cluster_cidr: Option<Vec<IpNet>>,
+    pub service_cidr: Option<Vec<IpNet>>,
+    pub nodeport_addresses: Option<String>,
+    pub masquerade_all: Option<bool>,
+    pub masquerade_bit: Option<u8>,
+    pub detect_local_mode: Option<String>,
+    /// `Some("")` turns the server off.
+    pub healthz_bind_address: Option<String>,
+    pub metrics_bind_address: Option<String>,
+    pub sync_period: Option<Duration>,
+    pub min_sync_period: Option<Duration>,
+    pub counters: bool,
+}
+
+/// `detectLocalMode`: what makes traffic "from a pod" (not masqueraded, and
+/// short-circuited to local endpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DetectLocal {
+    /// The source is inside `clusterCIDR`.
+    #[default]
+    ClusterCidr,
+    /// The source is inside this node's `spec.podCIDRs`.
+    NodeCidr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Manifests(Vec<PathBuf>),
+    Api(ConnectionSettings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
+}
+
+impl ConnectionSettings {
+    pub fn connection(&self) -> Connection {
+        Connection {
+            kubeconfig: self.kubeconfig.clone(),
+            master: self.master.clone(),
+        }
+    }
+}
+
+/// Everything `run` needs, resolved and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub source: Source,
+    pub node_name: String,
+    pub node: NodeConfig,
+    pub detect_local: DetectLocal,
+    /// The Service CIDRs were not given: take them from ServiceCIDR objects.
+    pub service_cidrs_from_api: bool,
+    pub healthz_bind_address: Option<SocketAddr>,
+    pub metrics_bind_address: Option<SocketAddr>,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub oom_score_adj: Option<i32>,
+}
+
+// The file, field for field. `Option` everywhere: absent and null are the same.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileConfig {
+    api_version: Option<String>,
+    kind: Option<String>,
+    feature_gates: Option<BTreeMap<String, bool>>,
+    client_connection: Option<ClientConnection>,
+    logging: Option<Logging>,
+    hostname_override: Option<String>,
+    bind_address: Option<String>,
+    healthz_bind_address: Option<String>,
+    metrics_bind_address: Option<String>,
+    bind_address_hard_fail: Option<bool>,
+    enable_profiling: Option<bool>,
+    show_hidden_metrics_for_version: Option<String>,
+    mode: Option<String>,
+    iptables: Option<IptablesSection>,
+    ipvs: Option<IpvsSection>,
+    nftables: Option<NftablesSection>,
+    winkernel: Option<WinkernelSection>,
+    detect_local_mode: Option<String>,
+    detect_local: Option<DetectLocalSection>,
+    #[serde(rename = "clusterCIDR")]
+    cluster_cidr: Option<String>,
+    node_port_addresses: Option<Vec<String>>,
+    oom_score_adj: Option<i32>,
+    conntrack: Option<ConntrackSection>,
+    config_sync_period: Option<String>,
+    port_range: Option<String>,
+    windows_run_as_service: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ClientConnection {
+    kubeconfig: Option<String>,
+    accept_content_types: Option<String>,
+    content_type: Option<String>,
+    qps: Option<f64>,
+    burst: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Logging {
+    format: Option<String>,
+    flush_frequency: Option<serde_yaml::Value>,
+    verbosity: Option<u32>,
+    vmodule: Option<serde_yaml::Value>,
+    options: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct NftablesSection {
+    masquerade_bit: Option<i32>,
+    masquerade_all: Option<bool>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct IptablesSection {
+    masquerade_bit: Option<i32>,
+    masquerade_all: Option<bool>,
+    localhost_node_ports: Option<bool>,
+    #[serde(rename = "snatNodeInternalIP")]
+    snat_node_internal_ip: Option<bool>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct IpvsSection {
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    scheduler: Option<String>,
+    #[serde(rename = "excludeCIDRs")]
+    exclude_cidrs: Option<Vec<String>>,
+    #[serde(rename = "strictARP")]
+    strict_arp: Option<bool>,
+    tcp_timeout: Option<String>,
+    tcp_fin_timeout: Option<String>,
+    udp_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct WinkernelSection {
+    network_name: Option<String>,
+    source_vip: Option<String>,
+    #[serde(rename = "enableDSR")]
+    enable_dsr: Option<bool>,
+    root_hns_endpoint_name: Option<String>,
+    forward_health_check_vip: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DetectLocalSection {
+    bridge_interface: Option<String>,
+    interface_name_prefix: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ConntrackSection {
+    max_per_core: Option<i32>,
+    min: Option<i32>,
+    tcp_established_timeout: Option<String>,
+    tcp_close_wait_timeout: Option<String>,
+    tcp_be_liberal: Option<bool>,
+    udp_timeout: Option<String>,
+    udp_stream_timeout: Option<String>,
+}
+
+/// kube-proxy's IPVS schedulers.
+const IPVS_SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh",
+];
+
+/// Parses a Go duration as Kubernetes writes them (`30s`, `1m30s`, `500ms`, `2h`),
+/// or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (like 30s, 500ms, 1m30s)");
+    let text = s.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return (secs >= 0.0)
+            .then(|| Duration::from_secs_f64(secs))
+            .ok_or_else(bad);
+    }
+    let mut rest = text;
+    let mut total = 0.0;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            unit => {
+                return Err(format!(
+                    "{s:?}: unknown unit {unit:?} (ns, us, ms, s, m, h)"
+                ))
+            }
+        };
+        total += n * scale;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// `nodePortAddresses` / `--nodeport-addresses`: `primary`, or CIDRs and `all`.
+fn nodeport_addresses(items: &[String], field: &str) -> Result<NodePortAddresses, String> {
+    items.join(",").parse().map_err(|e| format!("{field}: {e}"))
+}
+
+fn cidr_list(text: &str, field: &str) -> Result<Vec<IpNet>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| format!("{field}: {c:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
+    match mode {
+        "" | "ClusterCIDR" => Ok(DetectLocal::ClusterCidr),
+        "NodeCIDR" => Ok(DetectLocal::NodeCidr),
+        "BridgeInterface" | "InterfaceNamePrefix" => Err(format!(
+            "{field}: {mode} is not supported by kube-nft (ClusterCIDR and NodeCIDR are)"
+        )),
+        other => Err(format!(
+            "{field}: {other:?} is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)"
+        )),
+    }
+}
+
+/// `HOST:PORT`; empty means off.
+fn bind_address(text: &str, field: &str) -> Result<Option<SocketAddr>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|_| format!("{field}: {text:?} is not an address and port (like 0.0.0.0:10256)"))
+}
+
+/// Fails naming `field` unless `value` is its zero value (unset, false, 0, "").
+fn must_be_unset<T: PartialEq + Default + std::fmt::Debug>(
+    field: &str,
+    value: &Option<T>,
+    why: &str,
+) -> Result<(), String> {
+    match value {
+        Some(v) if *v != T::default() => Err(format!("{field}: set to {v:?}, but {why}")),
+        _ => Ok(()),
+    }
+}
+
+/// A duration field: unset or "0s" is `None`.
+fn duration_field(field: &str, value: &Option<String>) -> Result<Option<Duration>, String> {
+    match value.as_deref() {
+        None | Some("") => Ok(None),
+        Some(text) => {
+            let d = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
+            Ok((!d.is_zero()).then_some(d))
+        }
+    }
+}
+
+fn masquerade_bit(field: &str, bit: Option<i32>) -> Result<Option<u8>, String> {
+    match bit {
+        None => Ok(None),
+        Some(b) if (0..=31).contains(&b) => Ok(Some(b as u8)),
+        Some(b) => Err(format!("{field}: {b} is not in 0..=31")),
+    }
+}
+
+impl FileConfig {
+    fn parse(text: &str, origin: &Path) -> Result<FileConfig, String> {
+        let file: FileConfig =
+            serde_yaml::from_str(text).map_err(|e| format!("{}: {e}", origin.display()))?;
+        let at = |e: String| format!("{}: {e}", origin.display());
+        match file.api_version.as_deref() {
+            Some(API_VERSION) => {}
+            Some(other) => {
+                return Err(at(format!(
+                    "apiVersion: {other:?} is not supported (only {API_VERSION})"
+                )))
+            }
+            None => return Err(at(format!("apiVersion: missing (want {API_VERSION})"))),
+        }
+        if file.kind.as_deref() != Some("KubeProxyConfiguration") {
+            return Err(at(format!(
+                "kind: {:?}, want \"KubeProxyConfiguration\"",
+                file.kind.as_deref().unwrap_or_default()
+            )));
+        }
+        file.check_unsupported().map_err(at)?;
+        Ok(file)
+    }
+
+    /// Fields of the schema that kube-nft does not implement must be at zero.
+    fn check_unsupported(&self) -> Result<(), String> {
+        if let Some(gates) = &self.feature_gates {
+            if let Some((gate, _)) = gates.iter().next() {
+                return Err(format!(
+                    "featureGates.{gate}: kube-nft has no feature gates; remove it"
+                ));
+            }
+        }
+        match self.mode.as_deref().unwrap_or_default() {
+            "" | "nftables" => {}
+            "ipvs" => return Err("mode: ipvs: the IPVS backend is not built yet".into()),
+            other => {
+                return Err(format!(
+                    "mode: {other:?} is not supported by kube-nft (nftables; ipvs later)"
+                ))
+            }
+        }
+        if let Some(c) = &self.client_connection {
+            must_be_unset(
+                "clientConnection.acceptContentTypes",
+                &c.accept_content_types,
+                "kube-nft always speaks JSON",
+            )?;
+            must_be_unset(
+                "clientConnection.contentType",
+                &c.content_type,
+                "kube-nft always speaks JSON",
+            )?;
+            // qps and burst limit kube-proxy's requests; a watch-only client has no use for them.
+            let _ = (c.qps, c.burst);
+        }
+        if let Some(l) = &self.logging {
+            must_be_unset(
+                "logging.format",
+                &l.format.clone().filter(|f| f != "text"),
+                "kube-nft logs text (set RUST_LOG for the level)",
+            )?;
+            let _ = (&l.flush_frequency, l.verbosity, &l.vmodule, &l.options);
+        }
+        match self.bind_address.as_deref().unwrap_or_default() {
+            "" | "0.0.0.0" | "::" => {}
+            other => return Err(format!("bindAddress: {other:?}: overriding the node's primary IP is not supported; leave it unset")),
+        }
+        must_be_unset(
+            "bindAddressHardFail",
+            &self.bind_address_hard_fail,
+            "kube-nft always fails when it cannot bind",
+        )?;
+        must_be_unset(
+            "enableProfiling",
+            &self.enable_profiling,
+            "kube-nft has no profiling endpoint",
+        )?;
+        must_be_unset(
+            "showHiddenMetricsForVersion",
+            &self.show_hidden_metrics_for_version,
+            "kube-nft hides no metrics",
+        )?;
+        if let Some(i) = &self.iptables {
+            let why = "kube-nft runs nftables: set it in the nftables section";
+            must_be_unset("iptables.masqueradeBit", &i.masquerade_bit, why)?;
+            must_be_unset("iptables.masqueradeAll", &i.masquerade_all, why)?;
+            must_be_unset(
+                "iptables.localhostNodePorts",
+                &i.localhost_node_ports.filter(|b| !b),
+                "kube-nft never serves NodePorts on loopback",
+            )?;
+            must_be_unset(
+                "iptables.snatNodeInternalIP",
+                &i.snat_node_internal_ip,
+                "it is an iptables-mode option",
+            )?;
+            duration_field("iptables.syncPeriod", &i.sync_period)?
+                .map_or(Ok(()), |_| Err(format!("iptables.syncPeriod: {why}")))?;
+            duration_field("iptables.minSyncPeriod", &i.min_sync_period)?
+                .map_or(Ok(()), |_| Err(format!("iptables.minSyncPeriod: {why}")))?;
+        }
+        if let Some(v) = &self.ipvs {
+            // Checked now so that a file written for the IPVS backend is right
+            // before that backend exists; only used in mode ipvs.
+            duration_field("ipvs.syncPeriod", &v.sync_period)?;
+            duration_field("ipvs.minSyncPeriod", &v.min_sync_period)?;
+            duration_field("ipvs.tcpTimeout", &v.tcp_timeout)?;
+            duration_field("ipvs.tcpFinTimeout", &v.tcp_fin_timeout)?;
+            duration_field("ipvs.udpTimeout", &v.udp_timeout)?;
+            if let Some(s) = v.scheduler.as_deref().filter(|s| !s.is_empty()) {
+                if !IPVS_SCHEDULERS.contains(&s) {
+                    return Err(format!(
+                        "ipvs.scheduler: {s:?} is not an IPVS scheduler ({})",
+                        IPVS_SCHEDULERS.join(", ")
+                    ));
+                }
+            }
+            for (i, c) in v.exclude_cidrs.iter().flatten().enumerate() {
+                cidr_list(c, &format!("ipvs.excludeCIDRs[{i}]"))?;
+            }
+            let _ = v.strict_arp;
+        }
+        if let Some(w) = &self.winkernel {
+            let why = "it is a Windows option";
+            must_be_unset("winkernel.networkName", &w.network_name, why)?;
+            must_be_unset("winkernel.sourceVip", &w.source_vip, why)?;
+            must_be_unset("winkernel.enableDSR", &w.enable_dsr, why)?;
+            must_be_unset(
+                "winkernel.rootHnsEndpointName",
+                &w.root_hns_endpoint_name,
+                why,
+            )?;
+            must_be_unset(
+                "winkernel.forwardHealthCheckVip",
+                &w.forward_health_check_vip,
+                why,
+            )?;
+        }
+        must_be_unset(
+            "windowsRunAsService",
+            &self.windows_run_as_service,
+            "it is a Windows option",
+        )?;
+        if let Some(d) = &self.detect_local {
+            let why = "detectLocalMode BridgeInterface and InterfaceNamePrefix are not supported";
+            must_be_unset("detectLocal.bridgeInterface", &d.bridge_interface, why)?;
+            must_be_unset(
+                "detectLocal.interfaceNamePrefix",
+                &d.interface_name_prefix,
+                why,
+            )?;
+        }
+        if let Some(c) = &self.conntrack {
+            let why = "kube-nft does not set conntrack sysctls; set them on the node";
+            must_be_unset("conntrack.maxPerCore", &c.max_per_core, why)?;
+            must_be_unset("conntrack.min", &c.min, why)?;
+            must_be_unset("conntrack.tcpBeLiberal", &c.tcp_be_liberal, why)?;
+            for (field, value) in [
+                (
+                    "conntrack.tcpEstablishedTimeout",
+                    &c.tcp_established_timeout,
+                ),
+                ("conntrack.tcpCloseWaitTimeout", &c.tcp_close_wait_timeout),
+                ("conntrack.udpTimeout", &c.udp_timeout),
+                ("conntrack.udpStreamTimeout", &c.udp_stream_timeout),
+            ] {
+                if duration_field(field, value)?.is_some() {
+                    return Err(format!("{field}: {why}"));
+                }
+            }
+        }
+        // configSyncPeriod is the informers' resync; watches need none.
+        duration_field("configSyncPeriod", &self.config_sync_period)?;
+        must_be_unset(
+            "portRange",
+            &self.port_range,
+            "it was the userspace proxy's, which is gone",
+        )?;
+        if let Some(adj) = self.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                return Err(format!("oomScoreAdj: {adj} is not in -1000..=1000"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the file (if any) and merges it with the flags.
+pub fn resolve(flags: &Flags) -> Result<Settings, String> {
+    let file = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            FileConfig::parse(&text, path)?
+        }
+        None => FileConfig::default(),
+    };
+    let nft = file.nftables.unwrap_or_default();
+    let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+
+    let source = if !flags.manifests.is_empty() {
+        if flags.kubeconfig.is_some() || flags.master.is_some() {
+            return Err("--manifests and --kubeconfig/--master are two sources; give one".into());
+        }
+        Source::Manifests(flags.manifests.clone())
+    } else {
+        let kubeconfig = flags.kubeconfig.clone().or_else(|| {
+            non_empty(&file.client_connection.and_then(|c| c.kubeconfig)).map(PathBuf::from)
+        });
+        Source::Api(ConnectionSettings {
+            kubeconfig,
+            master: flags.master.clone(),
+        })
+    };
+
+    let node_name = match flags
+        .hostname_override
+        .clone()
+        .or_else(|| non_empty(&file.hostname_override))
+    {
+        Some(name) => name,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| format!("reading this host's name (give --hostname-override): {e}"))?,
+    }
+    .trim()
+    .to_lowercase();
+
+    let cluster_cidrs = match (&flags.cluster_cidr, non_empty(&file.cluster_cidr)) {
+        (Some(c), _) => c.clone(),
+        (None, Some(text)) => cidr_list(&text, "clusterCIDR")?,
+        (None, None) => Vec::new(),
+    };
+    let nodeport_addresses = match (&flags.nodeport_addresses, &file.node_port_addresses) {
+        (Some(text), _) => nodeport_addresses(
+            &text.split(',').map(str::to_string).collect::<Vec<_>>(),
+            "--nodeport-addresses",
+        )?,
+        (None, Some(list)) => nodeport_addresses(list, "nodePortAddresses")?,
+        (None, None) => NodePortAddresses::Primary,
+    };
+    let masquerade_bit = match flags.masquerade_bit {
+        Some(b) => b,
+        None => masquerade_bit("nftables.masqueradeBit", nft.masquerade_bit)?
+            .unwrap_or(DEFAULT_MASQUERADE_BIT),
+    };
+    let detect_local = match &flags.detect_local_mode {
+        Some(m) => detect_local(m, "--detect-local-mode")?,
+        None => detect_local(
+            file.detect_local_mode.as_deref().unwrap_or_default(),
+            "detectLocalMode",
+        )?,
+    };
+    let bind = |flag: &Option<String>, field: &str, from_file: &Option<String>, default: &str| {
+        match flag {
+            Some(text) => bind_address(text, &format!("--{field}")),
+            None => bind_address(non_empty(from_file).as_deref().unwrap_or(default), field),
+        }
+    };
+    let node = NodeConfig {
+        cluster_cidrs,
+        service_cidrs: flags.service_cidr.clone().unwrap_or_default(),
+        masquerade_bit,
+        nodeport_addresses,
+        local_addresses: Vec::new(),
+        counters: flags.counters,
+        masquerade_all: flags.masquerade_all.or(nft.masquerade_all).unwrap_or(false),
+    };
+    node.validate().map_err(|e| e.to_string())?;
+    if detect_local == DetectLocal::ClusterCidr && node.cluster_cidrs.is_empty() {
+        tracing::warn!(
+            "no cluster CIDR (--cluster-cidr or clusterCIDR): traffic from pods to ClusterIPs is not told from other traffic"
+        );
+    }
+    Ok(Settings {
+        source,
+        node_name,
+        service_cidrs_from_api: flags.service_cidr.is_none(),
+        node,
+        detect_local,
+        healthz_bind_address: bind(
+            &flags.healthz_bind_address,
+            "healthz-bind-address",
+            &file.healthz_bind_address,
+            DEFAULT_HEALTHZ_BIND_ADDRESS,
+        )?,
+        metrics_bind_address: bind(
+            &flags.metrics_bind_address,
+            "metrics-bind-address",
+            &file.metrics_bind_address,
+            DEFAULT_METRICS_BIND_ADDRESS,
+        )?,
+        sync_period: match flags.sync_period {
+            Some(d) => d,
+            None => duration_field("nftables.syncPeriod", &nft.sync_period)?
+                .unwrap_or(DEFAULT_SYNC_PERIOD),
+        },
+        min_sync_period: match flags.min_sync_period {
+            Some(d) => d,
+            None => duration_field("nftables.minSyncPeriod", &nft.min_sync_period)?
+                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
+        },
+        oom_score_adj: file.oom_score_adj,
+    })
+}

@@ -1,0 +1,165 @@
+//! The API server source: list-then-watch of Services, EndpointSlices, this node's
+//! Node and ServiceCIDRs with kube-rs watchers, forwarded as `Update`s.
+//!
+//! The watchers resume a dropped watch from the last resourceVersion seen, relist
+//! after a 410 Gone, and back off (up to a few seconds apart) while the API server
+//! is unreachable. Nothing here touches the rules: while the source is down, the
+//! proxy keeps serving what it has.
+
+use super::{Delta, Update};
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Config};
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+
+/// How to reach the API server, as kube-proxy's `--kubeconfig` and `--master`.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    pub kubeconfig: Option<PathBuf>,
+    /// Overrides the kubeconfig's server (or, alone, is the server, unauthenticated).
+    pub master: Option<String>,
+}
+
+/// The client config: `--kubeconfig` (with `--master` overriding its server), else
+/// `--master` alone, else in-cluster or `$KUBECONFIG` as kubectl finds them.
+async fn client_config(conn: &Connection) -> Result<Config, String> {
+    let master = conn
+        .master
+        .as_deref()
+        .map(|m| {
+            m.parse()
+                .map_err(|e| format!("--master {m:?} is not a URL: {e}"))
+        })
+        .transpose()?;
+    let mut config = match (&conn.kubeconfig, master.clone()) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
+        }
+        (None, Some(url)) => Config::new(url),
+        (None, None) => Config::infer()
+            .await
+            .map_err(|e| format!("no --kubeconfig or --master, and not in a cluster: {e}"))?,
+    };
+    if let Some(url) = master {
+        config.cluster_url = url;
+    }
+    Ok(config)
+}
+
+/// Starts watching on a thread of its own; every change goes to `tx`. Fails at
+/// once only when the client cannot be configured (a bad kubeconfig or URL).
+pub fn spawn<T: From<Update> + Send + 'static>(
+    conn: &Connection,
+    node_name: &str,
+    tx: Sender<T>,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the API client: {e}"))?;
+    let config = runtime.block_on(client_config(conn))?;
+    let client = Client::try_from(config).map_err(|e| format!("API client: {e}"))?;
+    let node_fields = format!("metadata.name={node_name}");
+    std::thread::Builder::new()
+        .name("api-watch".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let fields = watcher::Config::default();
+                tokio::join!(
+                    forward(
+                        watcher(Api::<core::Service>::all(client.clone()), fields.clone()),
+                        "Services",
+                        Update::Service,
+                        tx.clone(),
+                    ),
+                    forward(
+                        watcher(
+                            Api::<discovery::EndpointSlice>::all(client.clone()),
+                            fields.clone(),
+                        ),
+                        "EndpointSlices",
+                        Update::Slice,
+                        tx.clone(),
+                    ),
+                    forward(
+                        watcher(
+                            Api::<core::Node>::all(client.clone()),
+                            fields.clone().fields(&node_fields),
+                        ),
+                        "Node",
+                        Update::Node,
+                        tx.clone(),
+                    ),
+                    forward(
+                        watcher(Api::<ServiceCIDR>::all(client), fields),
+                        "ServiceCIDRs",
+                        Update::ServiceCidr,
+                        tx,
+                    ),
+                );
+            })
+        })
+        .map_err(|e| format!("starting the watch thread: {e}"))?;
+    Ok(())
+}
+
+/// Forwards one watcher's events, buffering a list until it is complete. Returns
+/// when the receiver is gone, or when the API server has no such kind (an old
+/// cluster without ServiceCIDRs): that kind is then reported as an empty list.
+async fn forward<K: Send + 'static, T: From<Update>>(
+    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send,
+    kind: &'static str,
+    wrap: fn(Delta<K>) -> Update,
+    tx: Sender<T>,
+) {
+    let events = events.default_backoff();
+    futures_util::pin_mut!(events);
+    let mut listing: Vec<K> = Vec::new();
+    let mut failing = false;
+    while let Some(event) = events.next().await {
+        let delta = match event {
+            Ok(Event::Init) => {
+                listing.clear();
+                continue;
+            }
+            Ok(Event::InitApply(obj)) => {
+                listing.push(obj);
+                continue;
+            }
+            Ok(Event::InitDone) => Delta::Listed(std::mem::take(&mut listing)),
+            Ok(Event::Apply(obj)) => Delta::Applied(Box::new(obj)),
+            Ok(Event::Delete(obj)) => Delta::Deleted(Box::new(obj)),
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                if status.is_not_found() =>
+            {
+                tracing::info!("the API server has no {kind}; not watching them");
+                let _ = tx.send(wrap(Delta::Listed(Vec::new())).into());
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!("watching {kind}: {e}; retrying with backoff, rules unchanged");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        if failing {
+            tracing::info!("watching {kind} again");
+            failing = false;
+        }
+        if tx.send(wrap(delta).into()).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Applies source `Update`s to the proxier's model, one object at a time.
+//!
+//! Each object is converted on its own (a malformed one is dropped with a
+//! `Rejected`, the rest go on), and the proxier marks a Service for the next sync
+//! only when what it proxies actually changed. So a relist after a dropped or
+//! expired watch, which repeats everything we already have, costs no rules.
+
+use super::{Delta, Update};
+use crate::model::{
+    convert_endpoint_slice, convert_node, convert_service, namespace_of, Converted, NodeInfo,
+    Rejected, ServiceKey,
+};
+use crate::proxy::Proxier;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::SystemTime;
+
+/// Set by the EndpointSlice controller: when the change that this slice reflects
+/// happened (a pod became ready, say). Network programming latency starts there.
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// What applying one update did, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub service_changes: usize,
+    pub endpoint_changes: usize,
+    pub rejected: Vec<Rejected>,
+    /// The ServiceCIDRs changed: `service_cidrs()` has the new list.
+    pub service_cidrs_changed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Service,
+    Slice,
+    Node,
+    ServiceCidr,
+}
+
+pub struct ChangeTracker {
+    node_name: String,
+    /// The Service each slice was filed under, so that a slice which is deleted,
+    /// rejected or relabelled leaves the right Service.
+    slice_owners: HashMap<(String, String), ServiceKey>,
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
+    listed: BTreeSet<Kind>,
+    /// The earliest unprogrammed trigger time of each changed Service.
+    triggers: HashMap<ServiceKey, SystemTime>,
+}
+
+fn object_id(meta: &ObjectMeta) -> (String, String) {
+    (namespace_of(meta), meta.name.clone().unwrap_or_default())
+}
+
+fn service_key(meta: &ObjectMeta) -> ServiceKey {
+    let (namespace, name) = object_id(meta);
+    ServiceKey { namespace, name }
+}
+
+fn trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
+    let text = meta.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION)?;
+    let ts: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
+    Some(SystemTime::from(ts))
+}
+
+impl ChangeTracker {
+    pub fn new(node_name: &str) -> ChangeTracker {
+        ChangeTracker {
+            node_name: node_name.to_string(),
+            slice_owners: HashMap::new(),
+            service_cidrs: BTreeMap::new(),
+            listed: BTreeSet::new(),
+            triggers: HashMap::new(),
+        }
+    }
+
+    /// Every kind has been listed once: the model is complete enough to program
+    /// (programming before would delete the rules of Services not yet seen).
+    pub fn synced(&self) -> bool {
+        self.listed.len() == 4
+    }
+
+    /// The CIDRs of every ServiceCIDR object, sorted by object name.
+    pub fn service_cidrs(&self) -> Vec<IpNet> {
+        self.service_cidrs.values().flatten().copied().collect()
+    }
+
+    /// Removes and returns the trigger times of these Services (just programmed).
+    pub fn take_triggers<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a ServiceKey>,
+    ) -> Vec<SystemTime> {
+        services
+            .into_iter()
+            .filter_map(|k| self.triggers.remove(k))
+            .collect()
+    }
+
+    /// Removes and returns every trigger time (after a full sync).
+    pub fn take_all_triggers(&mut self) -> Vec<SystemTime> {
+        self.triggers.drain().map(|(_, t)| t).collect()
+    }
+
+    pub fn apply(&mut self, update: Update, proxier: &mut Proxier) -> Applied {
+        let mut out = Applied::default();
+        match update {
+            Update::Service(delta) => {
+                if let Delta::Listed(all) = &delta {
+                    let keep: BTreeSet<ServiceKey> =
+                        all.iter().map(|s| service_key(&s.metadata)).collect();
+                    let gone: Vec<ServiceKey> = proxier
+                        .state()
+                        .services
+                        .keys()
+                        .filter(|k| !keep.contains(*k))
+                        .cloned()
+                        .collect();
+                    for key in gone {
+                        out.service_changes += proxier.set_service(&key, None) as usize;
+                    }
+                    self.listed.insert(Kind::Service);
+                }
+                for (svc, present) in objects(delta) {
+                    self.apply_service(&svc, present, proxier, &mut out);
+                }
+            }
+            Update::Slice(delta) => {
+                if let Delta::Listed(all) = &delta {
+                    let keep: BTreeSet<(String, String)> =
+                        all.iter().map(|s| object_id(&s.metadata)).collect();
+                    let gone: Vec<(String, String)> = self
+                        .slice_owners
+                        .keys()
+                        .filter(|id| !keep.contains(*id))
+                        .cloned()
+                        .collect();
+                    for id in gone {
+                        self.remove_slice(&id, proxier, &mut out);
+                    }
+                    self.listed.insert(Kind::Slice);
+                }
+                for (slice, present) in objects(delta) {
+                    self.apply_slice(&slice, present, proxier, &mut out);
+                }
+            }
+            Update::Node(delta) => {
+                let mine = |n: &core::Node| n.metadata.name.as_deref() == Some(&self.node_name);
+                let node = match delta {
+                    Delta::Applied(n) if mine(&n) => Some(*n),
+                    Delta::Deleted(n) if mine(&n) => None,
+                    Delta::Listed(all) => {
+                        self.listed.insert(Kind::Node);
+                        all.into_iter().find(|n| mine(n))
+                    }
+                    _ => return out,
+                };
+                self.apply_node(node.as_ref(), proxier, &mut out);
+            }
+            Update::ServiceCidr(delta) => {
+                let before = self.service_cidrs();
+                if let Delta::Listed(_) = &delta {
+                    self.service_cidrs.clear();
+                    self.listed.insert(Kind::ServiceCidr);
+                }
+                for (obj, present) in objects(delta) {
+                    self.apply_service_cidr(&obj, present, &mut out);
+                }
+                out.service_cidrs_changed = self.service_cidrs() != before;
+            }
+        }
+        out
+    }
+
+    fn apply_service(
+        &mut self,
+        svc: &core::Service,
+        present: bool,
+        proxier: &mut Proxier,
+        out: &mut Applied,
+    ) {
+        let key = service_key(&svc.metadata);
+        let converted = if present {
+            match convert_service(svc) {
+                Ok(Converted::Valid(s)) => Some(s),
+                Ok(Converted::Skipped(why)) => {
+                    tracing::debug!("Service {key}: not proxied: {why:?}");
+                    None
+                }
+                Err(r) => {
+                    out.rejected.push(r);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        out.service_changes += proxier.set_service(&key, converted) as usize;
+    }
+
+    fn apply_slice(
+        &mut self,
+        slice: &discovery::EndpointSlice,
+        present: bool,
+        proxier: &mut Proxier,
+        out: &mut Applied,
+    ) {
+        let id = object_id(&slice.metadata);
+        let converted = match present.then(|| convert_endpoint_slice(slice)) {
+            Some(Ok(Converted::Valid(s))) => s,
+            Some(Err(r)) => {
+                out.rejected.push(r);
+                return self.remove_slice(&id, proxier, out);
+            }
+            _ => return self.remove_slice(&id, proxier, out),
+        };
+        let owner = converted.service.clone();
+        if self.slice_owners.get(&id).is_some_and(|o| *o != owner) {
+            self.remove_slice(&id, proxier, out);
+        }
+        self.slice_owners.insert(id.clone(), owner.clone());
+        if proxier.set_slice(&owner, &id.1, Some(converted)) {
+            out.endpoint_changes += 1;
+            if let Some(t) = trigger_time(&slice.metadata) {
+                let earliest = self.triggers.entry(owner).or_insert(t);
+                *earliest = (*earliest).min(t);
+            }
+        }
+    }
+
+    fn remove_slice(&mut self, id: &(String, String), proxier: &mut Proxier, out: &mut Applied) {
+        if let Some(owner) = self.slice_owners.remove(id) {
+            out.endpoint_changes += proxier.set_slice(&owner, &id.1, None) as usize;
+        }
+    }
+
+    fn apply_node(&mut self, node: Option<&core::Node>, proxier: &mut Proxier, out: &mut Applied) {
+        let info = match node.map(convert_node) {
+            Some(Ok(info)) => info,
+            Some(Err(r)) => {
+                // Keep what we knew of the node rather than forget its addresses.
+                out.rejected.push(r);
+                return;
+            }
+            // Without its Node object, this node is still known by name (for locality).
+            None => NodeInfo {
+                name: self.node_name.clone(),
+                ..NodeInfo::default()
+            },
+        };
+        proxier.set_node(Some(info));
+    }
+
+    fn apply_service_cidr(&mut self, obj: &ServiceCIDR, present: bool, out: &mut Applied) {
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        if !present {
+            self.service_cidrs.remove(&name);
+            return;
+        }
+        let cidrs = obj.spec.as_ref().and_then(|s| s.cidrs.as_deref());
+        let mut parsed = Vec::new();
+        for (i, c) in cidrs.unwrap_or_default().iter().enumerate() {
+            match c.parse::<IpNet>() {
+                Ok(net) => parsed.push(net.trunc()),
+                Err(_) => {
+                    out.rejected.push(Rejected {
+                        object: format!("ServiceCIDR {name}"),
+                        field: format!("spec.cidrs[{i}]"),
+                        reason: format!("{c:?} is not a CIDR"),
+                    });
+                    return;
+                }
+            }
+        }
+        self.service_cidrs.insert(name, parsed);
+    }
+}
+
+/// The objects of a delta, each with whether it is present afterwards.
+fn objects<K>(delta: Delta<K>) -> Vec<(K, bool)> {
+    match delta {
+        Delta::Applied(o) => vec![(*o, true)],
+        Delta::Deleted(o) => vec![(*o, false)],
+        Delta::Listed(all) => all.into_iter().map(|o| (o, true)).collect(),
+    }
+}
