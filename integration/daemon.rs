@@ -158,3 +158,130 @@ fn a_burst_of_changes_goes_out_as_one_transaction() {
     let t = tally(c.client(), "10.96.0.10:80", 30, false);
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
 }
+
+#[test]
+fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
+    let c = Cluster::new("sigterm", &PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let mut d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("daemon.log"),
+        &["--hostname-override", "node1"],
+    );
+    wait_until(Duration::from_secs(10), "the VIP to answer", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}\n{}", d.log_text());
+    assert!(d.log_text().contains("SIGTERM"), "{}", d.log_text());
+    let t = tally(c.client(), "10.96.0.10:80", 10, false);
+    assert!(
+        t.errors.is_empty(),
+        "rules gone after SIGTERM: {:?}",
+        t.errors
+    );
+
+    let out = kube_nft_in(c.node(), &["run", "--cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!nft_list(c.node()).contains("kube-nft"));
+    assert!(!answers(c.client(), "10.96.0.10:80"));
+}
+
+/// kubeadm's kube-proxy ConfigMap, every field present, in nftables mode.
+const KUBEADM_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection: {acceptContentTypes: '', burst: 0, contentType: '', kubeconfig: /var/lib/kube-proxy/kubeconfig.conf, qps: 0}
+clusterCIDR: 10.244.0.0/16
+configSyncPeriod: 0s
+conntrack: {maxPerCore: null, min: null, tcpBeLiberal: false, tcpCloseWaitTimeout: null, tcpEstablishedTimeout: null, udpStreamTimeout: 0s, udpTimeout: 0s}
+detectLocal: {bridgeInterface: '', interfaceNamePrefix: ''}
+detectLocalMode: ''
+enableProfiling: false
+healthzBindAddress: ''
+hostnameOverride: ''
+iptables: {localhostNodePorts: null, masqueradeAll: false, masqueradeBit: null, minSyncPeriod: 0s, syncPeriod: 0s}
+ipvs: {excludeCIDRs: null, minSyncPeriod: 0s, scheduler: '', strictARP: false, syncPeriod: 0s, tcpFinTimeout: 0s, tcpTimeout: 0s, udpTimeout: 0s}
+logging: {flushFrequency: 0, options: {json: {infoBufferSize: '0'}, text: {infoBufferSize: '0'}}, verbosity: 0}
+metricsBindAddress: ''
+mode: nftables
+nftables: {masqueradeAll: true, masqueradeBit: null, minSyncPeriod: 0s, syncPeriod: 0s}
+nodePortAddresses: null
+oomScoreAdj: -999
+portRange: ''
+showHiddenMetricsForVersion: ''
+winkernel: {enableDSR: false, forwardHealthCheckVip: false, networkName: '', rootHnsEndpointName: '', sourceVip: ''}
+";
+
+#[test]
+fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_field() {
+    let c = Cluster::new("config", &PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let manifests = manifests.to_str().unwrap();
+    let good = c.scratch.write("good.yaml", KUBEADM_CONFIG);
+    let run = |config: &std::path::Path| {
+        kube_nft_in(
+            c.node(),
+            &[
+                "run",
+                "--config",
+                config.to_str().unwrap(),
+                "--manifests",
+                manifests,
+                "--hostname-override",
+                "node1",
+                "--once",
+            ],
+        )
+    };
+    let out = run(&good);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ruleset = nft_list(c.node());
+    assert!(
+        ruleset.contains("masquerade all traffic to ClusterIPs"),
+        "nftables.masqueradeAll not applied:\n{ruleset}"
+    );
+    assert!(answers(c.client(), "10.96.0.10:80"));
+
+    let cleanup = kube_nft_in(c.node(), &["cleanup"]);
+    assert!(cleanup.status.success());
+    for (bad, field) in [
+        (
+            KUBEADM_CONFIG.replace("masqueradeAll: true", "masqueradeAl: true"),
+            "masqueradeAl",
+        ),
+        (
+            KUBEADM_CONFIG.replace("maxPerCore: null", "maxPerCore: 32768"),
+            "conntrack.maxPerCore",
+        ),
+        (
+            KUBEADM_CONFIG.replace(
+                "detectLocalMode: ''",
+                "detectLocalMode: InterfaceNamePrefix",
+            ),
+            "detectLocalMode",
+        ),
+    ] {
+        let path = c.scratch.write("bad.yaml", &bad);
+        let out = run(&path);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "a bad file was accepted: {bad}");
+        assert!(
+            err.contains(field),
+            "the error does not name {field}: {err}"
+        );
+        assert!(
+            !nft_list(c.node()).contains("kube-nft"),
+            "programmed anyway"
+        );
+    }
+}

@@ -326,3 +326,16 @@ fn parity_with_counters() {
         },
     );
 }
+
+#[test]
+fn parity_with_masquerade_all() {
+    check_parity(
+        "pe",
+        NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            masquerade_all: true,
+            ..NodeConfig::default()
+        },
+    );
+}

@@ -274,12 +274,17 @@ impl ProxyArgs {
     }
 }
 
+/// kube-client logs every failed request as an error; the source reports an
+/// outage once, when it starts, and again when it ends.
+const DEFAULT_LOG_FILTER: &str = "info,kube_client::client::builder=off";
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         )
         .init();
     let cli = Cli::parse();

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod sctp;
 
 use kube_nft::lab::hostname_server::{http_get, udp_ask, HostnameServer};
@@ -284,23 +285,32 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// `run --manifests MANIFESTS` with the test CIDRs and `extra`.
     pub fn start(ns: &str, manifests: &Path, log: PathBuf, extra: &[&str]) -> Daemon {
+        let mut args = proxy_command("run", manifests);
+        args.extend_from_slice(extra);
+        Daemon::spawn(ns, &args, log)
+    }
+
+    /// The binary with exactly `args`.
+    pub fn spawn(ns: &str, args: &[&str], log: PathBuf) -> Daemon {
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", ns, BIN, "run", "--manifests"])
-            .arg(manifests)
-            .args([
-                "--cluster-cidr",
-                CLUSTER_CIDRS,
-                "--service-cidr",
-                SERVICE_CIDRS,
-            ])
-            .args(extra)
+            .args(["netns", "exec", ns, BIN])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(file)
             .spawn()
             .unwrap();
         Daemon { child, log }
+    }
+
+    /// Sends SIGTERM (`ip netns exec` execs the binary: the child is kube-nft) and
+    /// waits for the exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
     }
 
     pub fn log_text(&self) -> String {
@@ -340,4 +350,31 @@ pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> D
 pub fn answers(ns: &str, target: &str) -> bool {
     let t = tally(ns, target, 1, false);
     t.errors.is_empty()
+}
+
+/// One HTTP GET from inside `ns`: the status code and body, or `None` if there
+/// was no answer.
+pub fn http_status(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let addr: SocketAddr = addr.parse().unwrap();
+    let path = path.to_string();
+    kube_nft::netns::in_netns(ns, move || {
+        let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .ok()?;
+        let mut resp = String::new();
+        conn.read_to_string(&mut resp).ok()?;
+        let (head, body) = resp.split_once("\r\n\r\n")?;
+        let code = head.split(' ').nth(1)?.parse().ok()?;
+        Some((code, body.to_string()))
+    })
+    .unwrap()
+}
+
+/// The value of one metric sample (`name` with its labels, as exposed).
+pub fn metric(text: &str, sample: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
 }

@@ -68,7 +68,11 @@ pub fn spawn<T: From<Update> + Send + 'static>(
         .build()
         .map_err(|e| format!("starting the API client: {e}"))?;
     let config = runtime.block_on(client_config(conn))?;
-    let client = Client::try_from(config).map_err(|e| format!("API client: {e}"))?;
+    // The client spawns its request buffer on the runtime it is made in.
+    let client = {
+        let _in_runtime = runtime.enter();
+        Client::try_from(config).map_err(|e| format!("API client: {e}"))?
+    };
     let node_fields = format!("metadata.name={node_name}");
     std::thread::Builder::new()
         .name("api-watch".into())

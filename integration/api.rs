@@ -1,0 +1,277 @@
+//! kube-nft against an API server: the recorded answers of a real kube-apiserver
+//! served on the node's loopback, real namespaces, real packets.
+
+mod common;
+
+use common::apiserver::{ApiServer, Kind};
+use common::*;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// The fixtures' `hostnames` Service and its endpoints: node1's ready pod, node2's
+/// ready pod, node3's terminating pod (made ready by the recorded slice watch).
+const HOSTNAMES: &str = "10.96.95.35:80";
+const PODS: [(&str, &[&str]); 3] = [
+    ("hn-node1", &["10.244.1.7"]),
+    ("hn-node2", &["10.244.2.3"]),
+    ("hn-node3", &["10.244.3.6"]),
+];
+/// `web-np` (deleted by the recorded Service watch) and `added` (created by it):
+/// neither has endpoints.
+const WEB_NP: &str = "10.96.16.66:8080";
+const ADDED: &str = "10.96.189.195:8443";
+const HEALTHZ: &str = "127.0.0.1:10256";
+const METRICS: &str = "127.0.0.1:10249";
+
+fn start_daemon(c: &Cluster, api: &ApiServer) -> Daemon {
+    let url = api.url();
+    Daemon::spawn(
+        c.node(),
+        &[
+            "run",
+            "--master",
+            &url,
+            "--hostname-override",
+            "node1",
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            // Only changes sync: a periodic resync would blur "a relist changed nothing".
+            "--sync-period",
+            "1h",
+            "--min-sync-period",
+            "100ms",
+            "--healthz-bind-address",
+            HEALTHZ,
+        ],
+        c.scratch.0.join("daemon.log"),
+    )
+}
+
+fn names(t: &Tally) -> BTreeSet<String> {
+    t.answers.keys().cloned().collect()
+}
+
+fn metrics(c: &Cluster) -> String {
+    let (code, body) = http_status(c.node(), METRICS, "/metrics").expect("metrics answer");
+    assert_eq!(code, 200);
+    body
+}
+
+fn syncs(c: &Cluster) -> f64 {
+    metric(
+        &metrics(c),
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+    )
+    .unwrap()
+}
+
+fn refused(c: &Cluster, target: &str) -> bool {
+    let (err, _) = connect_error(c.client(), target, Duration::from_secs(1));
+    err == Some(std::io::ErrorKind::ConnectionRefused)
+}
+
+fn timed_out(c: &Cluster, target: &str) -> bool {
+    let (err, _) = connect_error(c.client(), target, Duration::from_secs(1));
+    matches!(
+        err,
+        Some(std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock)
+    )
+}
+
+#[test]
+fn services_from_the_api_server_take_effect_and_watch_drops_and_410_change_no_rule() {
+    let c = Cluster::new("api", &PODS, &[9376]);
+    let api = ApiServer::start_in(c.node());
+    let d = start_daemon(&c, &api);
+
+    // Ready only after the first sync: then the recorded objects are programmed.
+    wait_until(Duration::from_secs(30), "healthz to answer 200", || {
+        http_status(c.node(), HEALTHZ, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    let t = tally(c.client(), HOSTNAMES, 40, false);
+    assert!(t.errors.is_empty(), "{:?}\n{}", t.errors, d.log_text());
+    assert_eq!(
+        names(&t),
+        BTreeSet::from(["hn-node1".to_string(), "hn-node2".to_string()]),
+        "the terminating endpoint takes no traffic while others are ready"
+    );
+    assert!(refused(&c, WEB_NP), "web-np has no endpoints: rejected");
+
+    // The recorded EndpointSlice watch: node3's endpoint becomes ready.
+    api.replay("watch-endpointslices.jsonl");
+    wait_until(
+        Duration::from_secs(10),
+        "node3's pod to get traffic",
+        || names(&tally(c.client(), HOSTNAMES, 30, false)).contains("hn-node3"),
+    );
+
+    // The recorded Service watch: hostnames patched, web-np deleted, added created.
+    api.replay("watch-services.jsonl");
+    wait_until(Duration::from_secs(10), "added to be programmed", || {
+        nft_list(c.node()).contains("10.96.189.195")
+    });
+    assert!(refused(&c, ADDED), "added has no endpoints: rejected");
+    assert!(
+        timed_out(&c, WEB_NP),
+        "web-np's address is now unallocated in the ServiceCIDR: dropped"
+    );
+    assert!(!nft_list(c.node()).contains("10.96.16.66"));
+
+    // Created, changed and deleted through the API.
+    api.apply(
+        Kind::Service,
+        &service("made", &["10.96.7.7"], &[tcp(80, 9376)]),
+    );
+    api.apply(
+        Kind::Slice,
+        &slice("made", "a", &[tcp(80, 9376)], &["10.244.1.7"]),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "made to answer from node1's pod",
+        || {
+            names(&tally(c.client(), "10.96.7.7:80", 5, false))
+                == BTreeSet::from(["hn-node1".into()])
+        },
+    );
+    api.apply(
+        Kind::Slice,
+        &slice("made", "a", &[tcp(80, 9376)], &["10.244.2.3"]),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "made to move to node2's pod",
+        || {
+            names(&tally(c.client(), "10.96.7.7:80", 5, false))
+                == BTreeSet::from(["hn-node2".into()])
+        },
+    );
+    api.delete(Kind::Service, "default", "made");
+    wait_until(Duration::from_secs(10), "made to be gone", || {
+        !nft_list(c.node()).contains("10.96.7.7")
+    });
+    assert!(timed_out(&c, "10.96.7.7:80"));
+
+    // A dropped watch resumes from the last resourceVersion: no relist, no sync.
+    let ruleset = nft_list(c.node());
+    let synced = syncs(&c);
+    let requests = api.requests().len();
+    api.drop_watches();
+    wait_until(
+        Duration::from_secs(30),
+        "the four watches to resume",
+        || {
+            api.requests()[requests..]
+                .iter()
+                .filter(|r| r.contains("watch=true"))
+                .count()
+                >= 4
+                && api.open_watches() == 4
+        },
+    );
+    let lists_after_drop = api.requests()[requests..]
+        .iter()
+        .filter(|r| !r.contains("watch=true"))
+        .count();
+    assert_eq!(
+        lists_after_drop, 0,
+        "a dropped watch resumes without a relist"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(syncs(&c), synced, "a dropped watch synced rules");
+    assert_eq!(nft_list(c.node()), ruleset);
+
+    // 410 Gone: every kind relists, finds what it had, and changes nothing.
+    let requests = api.requests().len();
+    api.expire_history();
+    wait_until(
+        Duration::from_secs(30),
+        "all four kinds to relist and watch",
+        || {
+            let new = &api.requests()[requests..];
+            new.iter().filter(|r| !r.contains("watch=true")).count() >= 4 && api.open_watches() == 4
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(syncs(&c), synced, "a relist after 410 synced rules");
+    assert_eq!(nft_list(c.node()), ruleset);
+    let t = tally(c.client(), HOSTNAMES, 30, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(names(&t).len(), 3);
+
+    // The documented metrics, under kube-proxy's names.
+    let m = metrics(&c);
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_network_programming_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        "kubenft_transaction_bytes_count",
+    ] {
+        assert!(metric(&m, name).is_some(), "no {name} in:\n{m}");
+    }
+    assert!(
+        metric(
+            &m,
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+        )
+        .unwrap()
+            >= 4.0
+    );
+    assert!(metric(&m, "kubeproxy_sync_proxy_rules_service_changes_total").unwrap() >= 6.0);
+    assert!(metric(&m, "kubenft_transaction_bytes_sum").unwrap() > 0.0);
+    // web-np (externalTrafficPolicy: Local) is gone; the lb Service is Cluster.
+    assert_eq!(
+        metric(
+            &m,
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        http_status(c.node(), HEALTHZ, "/livez").map(|(code, _)| code),
+        Some(200)
+    );
+    if std::env::var("API_TEST_DEBUG").is_ok() {
+        eprintln!("{:#?}\n{}", api.requests(), d.log_text());
+    }
+}
+
+#[test]
+fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
+    let c = Cluster::new("api-down", &PODS[..1], &[9376]);
+    // Nothing listens on port 1 of the node's fresh loopback: the daemon retries.
+    let d = Daemon::spawn(
+        c.node(),
+        &[
+            "run",
+            "--master",
+            "http://127.0.0.1:1",
+            "--hostname-override",
+            "node1",
+            "--healthz-bind-address",
+            HEALTHZ,
+        ],
+        c.scratch.0.join("daemon.log"),
+    );
+    wait_until(Duration::from_secs(10), "healthz to answer", || {
+        http_status(c.node(), HEALTHZ, "/healthz").is_some()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, body) = http_status(c.node(), HEALTHZ, "/healthz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("\"lastUpdated\":\"\""), "{body}");
+    assert!(
+        !nft_list(c.node()).contains("kube-nft"),
+        "programmed before listing:\n{}",
+        d.log_text()
+    );
+    assert!(d.log_text().contains("retrying"), "{}", d.log_text());
+}
