@@ -275,3 +275,52 @@ fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
     );
     assert!(d.log_text().contains("retrying"), "{}", d.log_text());
 }
+
+/// Every recorded object converts as a proxy must read it.
+#[test]
+fn the_recorded_objects_convert_as_expected() {
+    use k8s_openapi::api::core::v1 as core;
+    use k8s_openapi::api::discovery::v1 as discovery;
+    use kube_nft::model::{convert_endpoint_slice, convert_node, convert_service, Converted};
+    let read = |name: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(common::apiserver::fixtures().join(name)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let mut verdicts = Vec::new();
+    for item in read("list-services.json")["items"].as_array().unwrap() {
+        let svc: core::Service = serde_json::from_value(item.clone()).unwrap();
+        let name = svc.metadata.name.clone().unwrap();
+        verdicts.push(match convert_service(&svc) {
+            Ok(Converted::Valid(s)) => format!("{name}: valid, {} ports", s.ports.len()),
+            Ok(Converted::Skipped(why)) => format!("{name}: skipped, {why:?}"),
+            Err(r) => format!("{name}: rejected, {r}"),
+        });
+    }
+    assert_eq!(
+        verdicts,
+        [
+            "ext: skipped, ExternalName",
+            "headless: skipped, Headless",
+            "hostnames: valid, 1 ports",
+            "lb: valid, 2 ports",
+            "web-np: valid, 1 ports",
+        ]
+    );
+    let slices = read("list-endpointslices.json");
+    let slice: discovery::EndpointSlice =
+        serde_json::from_value(slices["items"][0].clone()).unwrap();
+    let Ok(Converted::Valid(slice)) = convert_endpoint_slice(&slice) else {
+        panic!("the recorded slice does not convert");
+    };
+    assert_eq!(slice.service.name, "hostnames");
+    let terminating: Vec<bool> = slice
+        .endpoints
+        .iter()
+        .map(|e| e.conditions.terminating)
+        .collect();
+    assert_eq!(terminating, [false, false, true]);
+    let node: core::Node = serde_json::from_value(read("node-node1.json")).unwrap();
+    let node = convert_node(&node).unwrap();
+    assert_eq!(node.primary_ips, ["169.254.100.2".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(node.pod_cidrs, ["10.244.1.0/24".parse::<ipnet::IpNet>().unwrap()]);
+}

@@ -2,7 +2,8 @@
 //! speaks the wire protocol kube-rs expects (JSON lists with resourceVersion and
 //! `limit`/`continue` paging, chunked watch streams of ADDED, MODIFIED, DELETED and
 //! BOOKMARK events, a 410 Gone error event) and starts from the responses recorded
-//! from a real kube-apiserver in `../shared/k8s-fixtures/`. Recorded watch streams
+//! from a real kube-apiserver (`integration/fixtures/kube-apiserver/`, a copy of
+//! the project's `k8s-fixtures`). Recorded watch streams
 //! are replayed byte for byte; the test can also create, change and delete
 //! objects, drop every watch, and expire old resourceVersions.
 
@@ -15,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s-fixtures")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/kube-apiserver")
 }
 
 fn fixture(name: &str) -> String {
