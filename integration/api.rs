@@ -79,7 +79,7 @@ fn timed_out(c: &Cluster, target: &str) -> bool {
 }
 
 #[test]
-fn services_from_the_api_server_take_effect_and_watch_drops_and_410_change_no_rule() {
+fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no_rule() {
     let c = Cluster::new("api", &PODS, &[9376]);
     let api = ApiServer::start_in(c.node());
     let d = start_daemon(&c, &api);
@@ -122,9 +122,16 @@ fn services_from_the_api_server_take_effect_and_watch_drops_and_410_change_no_ru
         Kind::Service,
         &service("made", &["10.96.7.7"], &[tcp(80, 9376)]),
     );
+    // The EndpointSlice controller's trigger time, two seconds ago: network
+    // programming latency is measured from it.
+    let triggered =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(2);
     api.apply(
         Kind::Slice,
-        &slice("made", "a", &[tcp(80, 9376)], &["10.244.1.7"]),
+        &slice("made", "a", &[tcp(80, 9376)], &["10.244.1.7"]).replace(
+            "  namespace: default\n",
+            &format!("  namespace: default\n  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: \"{triggered}\"}}\n"),
+        ),
     );
     wait_until(
         Duration::from_secs(10),
@@ -199,6 +206,29 @@ fn services_from_the_api_server_take_effect_and_watch_drops_and_410_change_no_ru
     assert!(t.errors.is_empty(), "{:?}", t.errors);
     assert_eq!(names(&t).len(), 3);
 
+    // The API server goes away: the rules keep serving, nothing syncs; when it
+    // is back, the watches resume and new changes take effect.
+    let outages = || d.log_text().matches("retrying with backoff").count();
+    let before = outages();
+    api.set_down(true);
+    wait_until(Duration::from_secs(30), "the watchers to notice", || {
+        outages() > before
+    });
+    let t = tally(c.client(), HOSTNAMES, 20, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(syncs(&c), synced);
+    api.set_down(false);
+    api.apply(
+        Kind::Service,
+        &service("late", &["10.96.8.8"], &[tcp(80, 9376)]),
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "a Service created after the outage",
+        || nft_list(c.node()).contains("10.96.8.8"),
+    );
+    assert!(d.log_text().contains("watching Services again"));
+
     // The documented metrics, under kube-proxy's names.
     let m = metrics(&c);
     for name in [
@@ -227,6 +257,13 @@ fn services_from_the_api_server_take_effect_and_watch_drops_and_410_change_no_ru
     );
     assert!(metric(&m, "kubeproxy_sync_proxy_rules_service_changes_total").unwrap() >= 6.0);
     assert!(metric(&m, "kubenft_transaction_bytes_sum").unwrap() > 0.0);
+    // Only the annotated slice has a trigger time: one observation of about 2 s.
+    assert_eq!(
+        metric(&m, "kubeproxy_network_programming_duration_seconds_count"),
+        Some(1.0)
+    );
+    let latency = metric(&m, "kubeproxy_network_programming_duration_seconds_sum").unwrap();
+    assert!((2.0..10.0).contains(&latency), "{latency}");
     // web-np (externalTrafficPolicy: Local) is gone; the lb Service is Cluster.
     assert_eq!(
         metric(
@@ -321,6 +358,12 @@ fn the_recorded_objects_convert_as_expected() {
     assert_eq!(terminating, [false, false, true]);
     let node: core::Node = serde_json::from_value(read("node-node1.json")).unwrap();
     let node = convert_node(&node).unwrap();
-    assert_eq!(node.primary_ips, ["169.254.100.2".parse::<std::net::IpAddr>().unwrap()]);
-    assert_eq!(node.pod_cidrs, ["10.244.1.0/24".parse::<ipnet::IpNet>().unwrap()]);
+    assert_eq!(
+        node.primary_ips,
+        ["169.254.100.2".parse::<std::net::IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        node.pod_cidrs,
+        ["10.244.1.0/24".parse::<ipnet::IpNet>().unwrap()]
+    );
 }

@@ -76,6 +76,8 @@ struct State {
     watches: Vec<TcpStream>,
     /// Request lines, in order.
     requests: Vec<String>,
+    /// Down: every connection is closed unanswered.
+    down: bool,
 }
 
 pub struct ApiServer {
@@ -218,6 +220,14 @@ impl ApiServer {
         self.drop_watches();
     }
 
+    /// Goes down (every connection closed unanswered, watches dropped) or comes back.
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().unwrap().down = down;
+        if down {
+            self.drop_watches();
+        }
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.state.lock().unwrap().requests.clone()
     }
@@ -239,6 +249,9 @@ fn query(target: &str) -> (String, BTreeMap<String, String>) {
 }
 
 fn handle(conn: TcpStream, state: &Mutex<State>) {
+    if state.lock().unwrap().down {
+        return;
+    }
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut request_line = String::new();
     if reader.read_line(&mut request_line).is_err() {
