@@ -2,9 +2,11 @@
 //! directly over netlink.
 //!
 //! The pipeline, one module per stage:
-//! `source` (manifests) → `model` (validated objects) → `translate` (desired
-//! `ruleset`) → a backend: `netlink` (the kernel) or `text` (`nft -f` syntax).
-//! `proxy` runs one sync through it; `lab` demonstrates it in network namespaces.
+//! `source` (manifests, or the API server's watches) → `model` (validated
+//! objects) → `translate` (desired `ruleset`) → a backend: `netlink` (the kernel)
+//! or `text` (`nft -f` syntax). `proxy` runs one sync through it; `daemon` runs
+//! `kube-nft run` (configured by `config`, observed through `metrics` and
+//! `proxy_health`); `lab` demonstrates it in network namespaces.
 
 pub mod bench;
 pub mod config;
