@@ -367,3 +367,60 @@ fn the_recorded_objects_convert_as_expected() {
         ["10.244.1.0/24".parse::<ipnet::IpNet>().unwrap()]
     );
 }
+
+/// `--kubeconfig` reaches the API server, and a list longer than a page (kube-rs
+/// asks for 500) is read through `continue` tokens.
+#[test]
+fn a_kubeconfig_reaches_the_api_server_and_long_lists_are_paged() {
+    let c = Cluster::new("api-kc", &PODS, &[9376]);
+    let api = ApiServer::start_in(c.node());
+    let count = 1100;
+    let vip = |i: usize| format!("10.96.{}.{}", 100 + i / 250, i % 250 + 1);
+    for i in 0..count {
+        api.apply(
+            Kind::Service,
+            &service(&format!("s{i}"), &[&vip(i)], &[tcp(80, 9376)]),
+        );
+    }
+    let kubeconfig = c.scratch.write(
+        "kubeconfig",
+        &format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{name: test, cluster: {{server: \"{}\"}}}}]
+users: [{{name: test, user: {{token: not-checked}}}}]
+contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
+current-context: test
+",
+            api.url()
+        ),
+    );
+    let d = Daemon::spawn(
+        c.node(),
+        &[
+            "run",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--healthz-bind-address",
+            HEALTHZ,
+        ],
+        c.scratch.0.join("daemon.log"),
+    );
+    wait_until(Duration::from_secs(60), "the first sync", || {
+        http_status(c.node(), HEALTHZ, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    let pages = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("/api/v1/services?") && !r.contains("watch=true"))
+        .count();
+    assert_eq!(pages, 3, "{:?}", api.requests());
+    let ruleset = nft_list(c.node());
+    for i in [0, 499, 500, count - 1] {
+        assert!(ruleset.contains(&vip(i)), "s{i} missing\n{}", d.log_text());
+    }
+    // The recorded Services are there too, and hostnames answers.
+    assert!(answers(c.client(), HOSTNAMES));
+}
