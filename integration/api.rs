@@ -23,28 +23,18 @@ const ADDED: &str = "10.96.189.195:8443";
 const HEALTHZ: &str = "127.0.0.1:10256";
 const METRICS: &str = "127.0.0.1:10249";
 
-fn start_daemon(c: &Cluster, api: &ApiServer) -> Daemon {
-    let url = api.url();
-    Daemon::spawn(
-        c.node(),
-        &[
-            "run",
-            "--master",
-            &url,
-            "--hostname-override",
-            "node1",
-            "--cluster-cidr",
-            CLUSTER_CIDRS,
-            // Only changes sync: a periodic resync would blur "a relist changed nothing".
-            "--sync-period",
-            "1h",
-            "--min-sync-period",
-            "100ms",
-            "--healthz-bind-address",
-            HEALTHZ,
-        ],
-        c.scratch.0.join("daemon.log"),
-    )
+/// `run` as node1 with `source` (`--master URL` or `--kubeconfig FILE`) and `extra`.
+fn start_daemon(c: &Cluster, source: [&str; 2], extra: &[&str]) -> Daemon {
+    let mut args = vec!["run", source[0], source[1], "--hostname-override", "node1"];
+    args.extend_from_slice(&["--healthz-bind-address", HEALTHZ]);
+    args.extend_from_slice(extra);
+    Daemon::spawn(c.node(), &args, c.scratch.0.join("daemon.log"))
+}
+
+fn wait_ready(c: &Cluster, limit: Duration) {
+    wait_until(limit, "healthz to answer 200", || {
+        http_status(c.node(), HEALTHZ, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
 }
 
 fn names(t: &Tally) -> BTreeSet<String> {
@@ -82,12 +72,22 @@ fn timed_out(c: &Cluster, target: &str) -> bool {
 fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no_rule() {
     let c = Cluster::new("api", &PODS, &[9376]);
     let api = ApiServer::start_in(c.node());
-    let d = start_daemon(&c, &api);
-
+    let url = api.url();
+    let d = start_daemon(
+        &c,
+        ["--master", &url],
+        // Only changes sync: a periodic resync would blur "a relist changed nothing".
+        &[
+            "--cluster-cidr",
+            CLUSTER_CIDRS,
+            "--sync-period",
+            "1h",
+            "--min-sync-period",
+            "100ms",
+        ],
+    );
     // Ready only after the first sync: then the recorded objects are programmed.
-    wait_until(Duration::from_secs(30), "healthz to answer 200", || {
-        http_status(c.node(), HEALTHZ, "/healthz").is_some_and(|(code, _)| code == 200)
-    });
+    wait_ready(&c, Duration::from_secs(30));
     let t = tally(c.client(), HOSTNAMES, 40, false);
     assert!(t.errors.is_empty(), "{:?}\n{}", t.errors, d.log_text());
     assert_eq!(
@@ -285,19 +285,7 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
 fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
     let c = Cluster::new("api-down", &PODS[..1], &[9376]);
     // Nothing listens on port 1 of the node's fresh loopback: the daemon retries.
-    let d = Daemon::spawn(
-        c.node(),
-        &[
-            "run",
-            "--master",
-            "http://127.0.0.1:1",
-            "--hostname-override",
-            "node1",
-            "--healthz-bind-address",
-            HEALTHZ,
-        ],
-        c.scratch.0.join("daemon.log"),
-    );
+    let d = start_daemon(&c, ["--master", "http://127.0.0.1:1"], &[]);
     wait_until(Duration::from_secs(10), "healthz to answer", || {
         http_status(c.node(), HEALTHZ, "/healthz").is_some()
     });
@@ -395,22 +383,8 @@ current-context: test
             api.url()
         ),
     );
-    let d = Daemon::spawn(
-        c.node(),
-        &[
-            "run",
-            "--kubeconfig",
-            kubeconfig.to_str().unwrap(),
-            "--hostname-override",
-            "node1",
-            "--healthz-bind-address",
-            HEALTHZ,
-        ],
-        c.scratch.0.join("daemon.log"),
-    );
-    wait_until(Duration::from_secs(60), "the first sync", || {
-        http_status(c.node(), HEALTHZ, "/healthz").is_some_and(|(code, _)| code == 200)
-    });
+    let d = start_daemon(&c, ["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
+    wait_ready(&c, Duration::from_secs(60));
     let pages = api
         .requests()
         .iter()
