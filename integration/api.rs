@@ -356,8 +356,9 @@ fn the_recorded_objects_convert_as_expected() {
     );
 }
 
-/// `--kubeconfig` reaches the API server, and a list longer than a page (kube-rs
-/// asks for 500) is read through `continue` tokens.
+/// `--kubeconfig` reaches the API server, a list longer than a page (kube-rs asks
+/// for 500) is read through `continue` tokens, and `--detect-local-mode NodeCIDR`
+/// takes the pod CIDR from the Node object.
 #[test]
 fn a_kubeconfig_reaches_the_api_server_and_long_lists_are_paged() {
     let c = Cluster::new("api-kc", &PODS, &[9376]);
@@ -383,7 +384,11 @@ current-context: test
             api.url()
         ),
     );
-    let d = start_daemon(&c, ["--kubeconfig", kubeconfig.to_str().unwrap()], &[]);
+    let d = start_daemon(
+        &c,
+        ["--kubeconfig", kubeconfig.to_str().unwrap()],
+        &["--detect-local-mode", "NodeCIDR"],
+    );
     wait_ready(&c, Duration::from_secs(60));
     let pages = api
         .requests()
@@ -395,6 +400,8 @@ current-context: test
     for i in [0, 499, 500, count - 1] {
         assert!(ruleset.contains(&vip(i)), "s{i} missing\n{}", d.log_text());
     }
+    // NodeCIDR: traffic from outside node1's spec.podCIDRs is masqueraded.
+    assert!(ruleset.contains("ip saddr != 10.244.1.0/24"), "{ruleset}");
     // The recorded Services are there too, and hostnames answers.
     assert!(answers(c.client(), HOSTNAMES));
 }
