@@ -23,6 +23,9 @@ use std::time::SystemTime;
 /// happened (a pod became ready, say). Network programming latency starts there.
 pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
+/// The ServiceCIDR the API server creates from `--service-cluster-ip-range`.
+pub const DEFAULT_SERVICE_CIDR: &str = "kubernetes";
+
 /// What applying one update did, for logs and metrics.
 #[derive(Debug, Default)]
 pub struct Applied {
@@ -84,9 +87,16 @@ impl ChangeTracker {
         self.listed.len() == 4
     }
 
-    /// The CIDRs of every ServiceCIDR object, sorted by object name.
+    /// The CIDRs of every ServiceCIDR object: the cluster's default one (named
+    /// `kubernetes`) first, then the others by name.
     pub fn service_cidrs(&self) -> Vec<IpNet> {
-        self.service_cidrs.values().flatten().copied().collect()
+        let default = self.service_cidrs.get(DEFAULT_SERVICE_CIDR);
+        let others = self
+            .service_cidrs
+            .iter()
+            .filter(|(name, _)| *name != DEFAULT_SERVICE_CIDR)
+            .map(|(_, cidrs)| cidrs);
+        default.into_iter().chain(others).flatten().copied().collect()
     }
 
     /// Removes and returns the trigger times of these Services (just programmed).
