@@ -7,6 +7,7 @@ command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
 command -v conntrack >/dev/null || missing+=(conntrack)
 command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft bench's comparison
+command -v cc >/dev/null || missing+=(gcc)  # ring (rustls, the API client's TLS) compiles C
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   apt-get update -qq
