@@ -96,7 +96,12 @@ impl ChangeTracker {
             .iter()
             .filter(|(name, _)| *name != DEFAULT_SERVICE_CIDR)
             .map(|(_, cidrs)| cidrs);
-        default.into_iter().chain(others).flatten().copied().collect()
+        default
+            .into_iter()
+            .chain(others)
+            .flatten()
+            .copied()
+            .collect()
     }
 
     /// Removes and returns the trigger times of these Services (just programmed).
