@@ -30,6 +30,7 @@ pub struct Flags {
     pub kubeconfig: Option<PathBuf>,
     pub master: Option<String>,
     pub hostname_override: Option<String>,
+    pub proxy_mode: Option<String>,
     pub cluster_cidr: Option<Vec<IpNet>>,
     pub service_cidr: Option<Vec<IpNet>>,
     pub nodeport_addresses: Option<String>,
@@ -290,6 +291,17 @@ fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
     }
 }
 
+/// `mode` / `--proxy-mode`: nftables only, for now.
+fn check_mode(mode: &str, field: &str) -> Result<(), String> {
+    match mode {
+        "" | "nftables" => Ok(()),
+        "ipvs" => Err(format!("{field}: ipvs: the IPVS backend is not built yet")),
+        other => Err(format!(
+            "{field}: {other:?} is not supported by kube-nft (nftables; ipvs later)"
+        )),
+    }
+}
+
 /// `HOST:PORT`; empty means off.
 fn bind_address(text: &str, field: &str) -> Result<Option<SocketAddr>, String> {
     if text.is_empty() {
@@ -364,15 +376,7 @@ impl FileConfig {
                 ));
             }
         }
-        match self.mode.as_deref().unwrap_or_default() {
-            "" | "nftables" => {}
-            "ipvs" => return Err("mode: ipvs: the IPVS backend is not built yet".into()),
-            other => {
-                return Err(format!(
-                    "mode: {other:?} is not supported by kube-nft (nftables; ipvs later)"
-                ))
-            }
-        }
+        check_mode(self.mode.as_deref().unwrap_or_default(), "mode")?;
         if let Some(c) = &self.client_connection {
             must_be_unset(
                 "clientConnection.acceptContentTypes",
@@ -529,6 +533,9 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         }
         None => FileConfig::default(),
     };
+    if let Some(mode) = &flags.proxy_mode {
+        check_mode(mode, "--proxy-mode")?;
+    }
     let nft = file.nftables.unwrap_or_default();
     let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
 

@@ -147,6 +147,9 @@ struct RunArgs {
     /// This node's name, if not its hostname.
     #[arg(long, alias = "node-name")]
     hostname_override: Option<String>,
+    /// `nftables` (the default and, until the IPVS backend exists, the only mode).
+    #[arg(long)]
+    proxy_mode: Option<String>,
     /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
     /// ClusterIP is masqueraded.
     #[arg(long, value_delimiter = ',')]
@@ -199,6 +202,7 @@ impl RunArgs {
             kubeconfig: self.kubeconfig.clone(),
             master: self.master.clone(),
             hostname_override: self.hostname_override.clone(),
+            proxy_mode: self.proxy_mode.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             service_cidr: self.service_cidr.clone(),
             nodeport_addresses: self.nodeport_addresses.clone(),
