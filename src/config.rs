@@ -261,9 +261,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(total))
 }
 
-/// `nodePortAddresses` / `--nodeport-addresses`: `primary`, or CIDRs and `all`.
-fn nodeport_addresses(items: &[String], field: &str) -> Result<NodePortAddresses, String> {
-    items.join(",").parse().map_err(|e| format!("{field}: {e}"))
+/// `nodePortAddresses` / `--nodeport-addresses` (comma-separated): `primary`, or
+/// CIDRs and `all`.
+fn nodeport_addresses(list: &str, field: &str) -> Result<NodePortAddresses, String> {
+    list.parse().map_err(|e| format!("{field}: {e}"))
 }
 
 fn cidr_list(text: &str, field: &str) -> Result<Vec<IpNet>, String> {
@@ -572,11 +573,8 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         (None, None) => Vec::new(),
     };
     let nodeport_addresses = match (&flags.nodeport_addresses, &file.node_port_addresses) {
-        (Some(text), _) => nodeport_addresses(
-            &text.split(',').map(str::to_string).collect::<Vec<_>>(),
-            "--nodeport-addresses",
-        )?,
-        (None, Some(list)) => nodeport_addresses(list, "nodePortAddresses")?,
+        (Some(text), _) => nodeport_addresses(text, "--nodeport-addresses")?,
+        (None, Some(list)) => nodeport_addresses(&list.join(","), "nodePortAddresses")?,
         (None, None) => NodePortAddresses::Primary,
     };
     let masquerade_bit = match flags.masquerade_bit {

@@ -12,7 +12,6 @@ use crate::config::{DetectLocal, Settings, Source};
 use crate::healthcheck::{self, HealthServers};
 use crate::http::Response;
 use crate::metrics::Metrics;
-use crate::model::ServiceKey;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
@@ -122,11 +121,7 @@ fn start_servers(settings: &Settings, health: &Arc<ProxyHealth>, metrics: &Arc<M
             },
             // kube-proxy serves its health on the metrics port too.
             "/healthz" | "/livez" => h.respond(path),
-            _ => Response {
-                status: 404,
-                content_type: "text/plain",
-                body: "404 page not found\n".into(),
-            },
+            _ => Response::not_found(),
         });
         match served {
             Ok(a) => tracing::info!("metrics on http://{a}/metrics"),
@@ -372,9 +367,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
 fn programmed_triggers(tracker: &mut ChangeTracker, r: &SyncReport) -> Vec<SystemTime> {
     match r.kind {
         SyncKind::Full => tracker.take_all_triggers(),
-        SyncKind::Partial => {
-            tracker.take_triggers(r.recomputed.iter().collect::<Vec<&ServiceKey>>())
-        }
+        SyncKind::Partial => tracker.take_triggers(&r.recomputed),
     }
 }
 

@@ -28,6 +28,14 @@ pub struct Response {
 }
 
 impl Response {
+    pub fn not_found() -> Response {
+        Response {
+            status: 404,
+            content_type: "text/plain",
+            body: "404 page not found\n".into(),
+        }
+    }
+
     fn write_to(&self, conn: &mut impl Write) -> std::io::Result<()> {
         let reason = match self.status {
             200 => "OK",

@@ -315,13 +315,11 @@ impl Proxier {
         name: &str,
         slice: Option<EndpointSlice>,
     ) -> bool {
-        let slices = self.state.slices.entry(key.clone()).or_default();
-        if slices.get(name) == slice.as_ref() {
-            if slices.is_empty() {
-                self.state.slices.remove(key);
-            }
+        let current = self.state.slices.get(key).and_then(|s| s.get(name));
+        if current == slice.as_ref() {
             return false;
         }
+        let slices = self.state.slices.entry(key.clone()).or_default();
         match slice {
             Some(slice) => {
                 slices.insert(name.to_string(), slice);

@@ -53,11 +53,7 @@ impl ProxyHealth {
     /// The answer to `/healthz` and `/livez` (anything else: 404).
     pub fn respond(&self, path: &str) -> Response {
         if path != "/healthz" && path != "/livez" {
-            return Response {
-                status: 404,
-                content_type: "text/plain",
-                body: "404 page not found\n".into(),
-            };
+            return Response::not_found();
         }
         let healthy = self.healthy();
         let last = self.state.lock().unwrap().last_updated;

@@ -80,6 +80,19 @@ struct State {
     down: bool,
 }
 
+impl State {
+    /// A change made through this server: the next resourceVersion, stamped on the
+    /// object, and the event in the history that watches send. Returns the object.
+    fn record(&mut self, kind: Kind, verb: &str, mut obj: Value) -> Value {
+        self.resource_version += 1;
+        let rv = self.resource_version;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let line = json!({"type": verb, "object": obj}).to_string();
+        self.history.push((rv, kind, line));
+        obj
+    }
+}
+
 pub struct ApiServer {
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
@@ -170,36 +183,28 @@ impl ApiServer {
 
     /// Creates or replaces an object (given as YAML or JSON), as a client would.
     pub fn apply(&self, kind: Kind, manifest: &str) {
-        let mut obj: Value = serde_yaml::from_str(manifest).unwrap();
+        let obj: Value = serde_yaml::from_str(manifest).unwrap();
         let mut s = self.state.lock().unwrap();
-        s.resource_version += 1;
-        let rv = s.resource_version;
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         let objects = s.objects.entry(kind).or_default();
         let verb = if objects.contains_key(&key_of(&obj)) {
             "MODIFIED"
         } else {
             "ADDED"
         };
-        objects.insert(key_of(&obj), obj.clone());
-        let line = json!({"type": verb, "object": obj}).to_string();
-        s.history.push((rv, kind, line));
+        let obj = s.record(kind, verb, obj);
+        s.objects.entry(kind).or_default().insert(key_of(&obj), obj);
     }
 
     pub fn delete(&self, kind: Kind, namespace: &str, name: &str) {
         let mut s = self.state.lock().unwrap();
-        s.resource_version += 1;
-        let rv = s.resource_version;
         let key = (namespace.to_string(), name.to_string());
-        let mut obj = s
+        let obj = s
             .objects
             .entry(kind)
             .or_default()
             .remove(&key)
             .expect("deleting an object that exists");
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let line = json!({"type": "DELETED", "object": obj}).to_string();
-        s.history.push((rv, kind, line));
+        s.record(kind, "DELETED", obj);
     }
 
     /// Closes every open watch, as an API server restart or a load balancer would.
