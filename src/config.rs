@@ -407,7 +407,7 @@ impl FileConfig {
         must_be_unset(
             "bindAddressHardFail",
             &self.bind_address_hard_fail,
-            "kube-nft always fails when it cannot bind",
+            "kube-nft logs a port it cannot bind and goes on (kube-proxy's default)",
         )?;
         must_be_unset(
             "enableProfiling",
@@ -425,7 +425,7 @@ impl FileConfig {
             must_be_unset("iptables.masqueradeAll", &i.masquerade_all, why)?;
             must_be_unset(
                 "iptables.localhostNodePorts",
-                &i.localhost_node_ports.filter(|b| !b),
+                &i.localhost_node_ports,
                 "kube-nft never serves NodePorts on loopback",
             )?;
             must_be_unset(
@@ -819,6 +819,11 @@ winkernel:
                 "  masqueradeBit: null",
                 "  masqueradeBit: 12",
                 "iptables.masqueradeBit",
+            ),
+            (
+                "  localhostNodePorts: null",
+                "  localhostNodePorts: true",
+                "iptables.localhostNodePorts",
             ),
             (
                 "  scheduler: \"\"",
