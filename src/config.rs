@@ -7,8 +7,11 @@
 //! at its zero value (kubeadm writes them all), and anything else, including a
 //! misspelt field, stops the start with a message naming the field.
 
+use crate::netlink::ipvs::SCHEDULERS as IPVS_SCHEDULERS;
 use crate::source::kubernetes::Connection;
-use crate::translate::{NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT};
+use crate::translate::{
+    Backend, IpvsSettings, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
+};
 use ipnet::IpNet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -31,6 +34,9 @@ pub struct Flags {
     pub master: Option<String>,
     pub hostname_override: Option<String>,
     pub proxy_mode: Option<String>,
+    pub ipvs_scheduler: Option<String>,
+    pub ipvs_strict_arp: Option<bool>,
+    pub ipvs_exclude_cidrs: Option<Vec<IpNet>>,
     pub cluster_cidr: Option<Vec<IpNet>>,
     pub service_cidr: Option<Vec<IpNet>>,
     pub nodeport_addresses: Option<String>,
@@ -213,11 +219,6 @@ struct ConntrackSection {
     udp_stream_timeout: Option<String>,
 }
 
-/// kube-proxy's IPVS schedulers.
-const IPVS_SCHEDULERS: &[&str] = &[
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh",
-];
-
 /// Parses a Go duration as Kubernetes writes them (`30s`, `1m30s`, `500ms`, `2h`),
 /// or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -292,13 +293,13 @@ fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
     }
 }
 
-/// `mode` / `--proxy-mode`: nftables only, for now.
-fn check_mode(mode: &str, field: &str) -> Result<(), String> {
+/// `mode` / `--proxy-mode`: whether the mode is IPVS.
+fn check_mode(mode: &str, field: &str) -> Result<bool, String> {
     match mode {
-        "" | "nftables" => Ok(()),
-        "ipvs" => Err(format!("{field}: ipvs: the IPVS backend is not built yet")),
+        "" | "nftables" => Ok(false),
+        "ipvs" => Ok(true),
         other => Err(format!(
-            "{field}: {other:?} is not supported by kube-nft (nftables; ipvs later)"
+            "{field}: {other:?} is not supported by kube-nft (nftables or ipvs)"
         )),
     }
 }
@@ -443,9 +444,17 @@ impl FileConfig {
             // before that backend exists; only used in mode ipvs.
             duration_field("ipvs.syncPeriod", &v.sync_period)?;
             duration_field("ipvs.minSyncPeriod", &v.min_sync_period)?;
-            duration_field("ipvs.tcpTimeout", &v.tcp_timeout)?;
-            duration_field("ipvs.tcpFinTimeout", &v.tcp_fin_timeout)?;
-            duration_field("ipvs.udpTimeout", &v.udp_timeout)?;
+            for (field, value) in [
+                ("ipvs.tcpTimeout", &v.tcp_timeout),
+                ("ipvs.tcpFinTimeout", &v.tcp_fin_timeout),
+                ("ipvs.udpTimeout", &v.udp_timeout),
+            ] {
+                if duration_field(field, value)?.is_some_and(|d| !d.is_zero()) {
+                    return Err(format!(
+                        "{field}: kube-nft leaves IPVS's connection timeouts at the kernel's defaults; remove it"
+                    ));
+                }
+            }
             if let Some(s) = v.scheduler.as_deref().filter(|s| !s.is_empty()) {
                 if !IPVS_SCHEDULERS.contains(&s) {
                     return Err(format!(
@@ -457,7 +466,6 @@ impl FileConfig {
             for (i, c) in v.exclude_cidrs.iter().flatten().enumerate() {
                 cidr_list(c, &format!("ipvs.excludeCIDRs[{i}]"))?;
             }
-            let _ = v.strict_arp;
         }
         if let Some(w) = &self.winkernel {
             let why = "it is a Windows option";
@@ -534,10 +542,12 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         }
         None => FileConfig::default(),
     };
-    if let Some(mode) = &flags.proxy_mode {
-        check_mode(mode, "--proxy-mode")?;
-    }
+    let ipvs_mode = match &flags.proxy_mode {
+        Some(mode) => check_mode(mode, "--proxy-mode")?,
+        None => check_mode(file.mode.as_deref().unwrap_or_default(), "mode")?,
+    };
     let nft = file.nftables.unwrap_or_default();
+    let ipvs = file.ipvs.unwrap_or_default();
     let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
 
     let source = if !flags.manifests.is_empty() {
@@ -603,6 +613,28 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         local_addresses: Vec::new(),
         counters: flags.counters,
         masquerade_all: flags.masquerade_all.or(nft.masquerade_all).unwrap_or(false),
+        backend: if ipvs_mode {
+            Backend::Ipvs(IpvsSettings {
+                scheduler: flags
+                    .ipvs_scheduler
+                    .clone()
+                    .or_else(|| non_empty(&ipvs.scheduler))
+                    .unwrap_or_else(|| IpvsSettings::default().scheduler),
+                strict_arp: flags.ipvs_strict_arp.or(ipvs.strict_arp).unwrap_or(false),
+                exclude_cidrs: match &flags.ipvs_exclude_cidrs {
+                    Some(c) => c.clone(),
+                    None => {
+                        let mut out = Vec::new();
+                        for (i, c) in ipvs.exclude_cidrs.iter().flatten().enumerate() {
+                            out.extend(cidr_list(c, &format!("ipvs.excludeCIDRs[{i}]"))?);
+                        }
+                        out
+                    }
+                },
+            })
+        } else {
+            Backend::Nftables
+        },
     };
     node.validate().map_err(|e| e.to_string())?;
     if detect_local == DetectLocal::ClusterCidr && node.cluster_cidrs.is_empty() {
@@ -630,11 +662,16 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         )?,
         sync_period: match flags.sync_period {
             Some(d) => d,
+            None if ipvs_mode => {
+                duration_field("ipvs.syncPeriod", &ipvs.sync_period)?.unwrap_or(DEFAULT_SYNC_PERIOD)
+            }
             None => duration_field("nftables.syncPeriod", &nft.sync_period)?
                 .unwrap_or(DEFAULT_SYNC_PERIOD),
         },
         min_sync_period: match flags.min_sync_period {
             Some(d) => d,
+            None if ipvs_mode => duration_field("ipvs.minSyncPeriod", &ipvs.min_sync_period)?
+                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
             None => duration_field("nftables.minSyncPeriod", &nft.min_sync_period)?
                 .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
         },

@@ -219,8 +219,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     if let Some(adj) = settings.oom_score_adj {
         set_oom_score_adj(adj);
     }
-    let mut proxier = Proxier::new(settings.node.clone())
-        .map_err(|e| format!("opening the nf_tables netlink socket: {e}"))?;
+    let mut proxier = Proxier::new(settings.node.clone()).map_err(|e| e.to_string())?;
     let node_settings = NodeSettings {
         base: settings.node.clone(),
         detect_local: settings.detect_local,
@@ -380,12 +379,24 @@ fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier, sync: &SyncRep
 }
 
 fn log_sync(r: &SyncReport) {
-    tracing::info!(
-        kind = ?r.kind,
-        services = r.services,
-        messages = r.committed.messages,
-        bytes = r.committed.bytes,
-        "synced in {:.1} ms",
-        r.duration.as_secs_f64() * 1000.0
-    );
+    let ms = r.duration.as_secs_f64() * 1000.0;
+    match &r.ipvs {
+        None => tracing::info!(
+            kind = ?r.kind,
+            services = r.services,
+            messages = r.committed.messages,
+            bytes = r.committed.bytes,
+            "synced in {ms:.1} ms"
+        ),
+        Some(ipvs) => tracing::info!(
+            kind = ?r.kind,
+            services = r.services,
+            messages = r.committed.messages,
+            bytes = r.committed.bytes,
+            ipvs_commands = ipvs.commands,
+            ipvs_bytes = ipvs.bytes,
+            ipvs_addresses = ipvs.addresses,
+            "synced in {ms:.1} ms"
+        ),
+    }
 }

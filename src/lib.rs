@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod explain;
 pub mod healthcheck;
 pub mod http;
+pub mod ipvs;
 pub mod lab;
 pub mod metrics;
 pub mod model;

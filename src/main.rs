@@ -5,7 +5,9 @@ use ipnet::IpNet;
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
-use kube_nft::translate::{NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT};
+use kube_nft::translate::{
+    Backend, IpvsSettings, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
+};
 use kube_nft::{config, daemon};
 use kube_nft::{proxy, text};
 use std::path::PathBuf;
@@ -147,9 +149,19 @@ struct RunArgs {
     /// This node's name, if not its hostname.
     #[arg(long, alias = "node-name")]
     hostname_override: Option<String>,
-    /// `nftables` (the default and, until the IPVS backend exists, the only mode).
-    #[arg(long)]
+    /// `nftables` (the default) or `ipvs` (IPVS balances; nftables does the rest).
+    #[arg(long, alias = "backend")]
     proxy_mode: Option<String>,
+    /// The IPVS scheduler for Services without the `kube-nft.io/ipvs-scheduler`
+    /// annotation (default rr).
+    #[arg(long)]
+    ipvs_scheduler: Option<String>,
+    /// Answer ARP only for addresses on the interface asked (arp_ignore=1, arp_announce=2).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    ipvs_strict_arp: Option<bool>,
+    /// Virtual services in these CIDRs belong to someone else: never touched.
+    #[arg(long, value_delimiter = ',')]
+    ipvs_exclude_cidrs: Option<Vec<IpNet>>,
     /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
     /// ClusterIP is masqueraded.
     #[arg(long, value_delimiter = ',')]
@@ -203,6 +215,9 @@ impl RunArgs {
             master: self.master.clone(),
             hostname_override: self.hostname_override.clone(),
             proxy_mode: self.proxy_mode.clone(),
+            ipvs_scheduler: self.ipvs_scheduler.clone(),
+            ipvs_strict_arp: self.ipvs_strict_arp,
+            ipvs_exclude_cidrs: self.ipvs_exclude_cidrs.clone(),
             cluster_cidr: self.cluster_cidr.clone(),
             service_cidr: self.service_cidr.clone(),
             nodeport_addresses: self.nodeport_addresses.clone(),
@@ -243,6 +258,9 @@ struct ProxyArgs {
     /// Include the per-Service-port counters.
     #[arg(long)]
     counters: bool,
+    /// `ipvs`: the table the IPVS backend keeps beside IPVS.
+    #[arg(long, alias = "backend", default_value = "nftables", value_parser = ["nftables", "ipvs"])]
+    proxy_mode: String,
 }
 
 impl ProxyArgs {
@@ -255,6 +273,10 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
             counters: self.counters,
             masquerade_all: self.masquerade_all,
+            backend: match self.proxy_mode.as_str() {
+                "ipvs" => Backend::Ipvs(IpvsSettings::default()),
+                _ => Backend::Nftables,
+            },
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)

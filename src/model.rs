@@ -90,7 +90,12 @@ pub struct Service {
     pub health_check_node_port: Option<u16>,
     /// `sessionAffinity: ClientIP`, with its timeout in seconds.
     pub affinity_timeout: Option<u32>,
+    /// The `kube-nft.io/ipvs-scheduler` annotation (IPVS backend only).
+    pub ipvs_scheduler: Option<String>,
 }
+
+/// Picks this Service's IPVS scheduler over `--ipvs-scheduler`.
+pub const IPVS_SCHEDULER_ANNOTATION: &str = "kube-nft.io/ipvs-scheduler";
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
@@ -543,6 +548,25 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
             ))
         }
     };
+    let ipvs_scheduler = match svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(IPVS_SCHEDULER_ANNOTATION))
+    {
+        Some(s) if crate::netlink::ipvs::SCHEDULERS.contains(&s.as_str()) => Some(s.clone()),
+        Some(s) => {
+            return Err(reject(
+                &object,
+                format!("metadata.annotations[{IPVS_SCHEDULER_ANNOTATION}]"),
+                format!(
+                    "{s:?} is not an IPVS scheduler ({})",
+                    crate::netlink::ipvs::SCHEDULERS.join(", ")
+                ),
+            ))
+        }
+        None => None,
+    };
     let mut svc = Service {
         key,
         cluster_ips,
@@ -554,6 +578,7 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
         internal_policy_local,
         health_check_node_port,
         affinity_timeout,
+        ipvs_scheduler,
     };
     // The external policy only means something where there is external traffic.
     svc.external_policy_local = external_local && svc.externally_accessible();

@@ -12,7 +12,12 @@
 //!
 //! Either way the changes go out as one atomic transaction; if the kernel refuses
 //! it nothing changed, and the next sync is a full one.
+//!
+//! With the IPVS backend the same syncs run over the nftables table that IPVS
+//! mode keeps, and then over IPVS (`ipvs::IpvsTables`) for the same Services:
+//! full after full, partial after partial.
 
+use crate::ipvs::{BackendError, IpvsReport, IpvsTables};
 use crate::model::{
     build_state, ClusterState, EndpointSlice, NodeInfo, Objects, Rejected, Service, ServiceKey,
     Validated,
@@ -230,7 +235,18 @@ pub struct SyncReport {
     /// Which ones, after a partial sync (a full one recomputes every Service).
     pub recomputed: Vec<ServiceKey>,
     pub committed: Committed,
+    /// With the IPVS backend, what changed there.
+    pub ipvs: Option<IpvsReport>,
     pub duration: Duration,
+}
+
+/// Why a sync failed; the next one is a full one either way.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error(transparent)]
+    Nft(#[from] NftError),
+    #[error(transparent)]
+    Ipvs(#[from] BackendError),
 }
 
 /// The proxy: the model of the cluster, and the kernel kept in step with it.
@@ -243,15 +259,29 @@ pub struct Proxier {
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
     dirty: BTreeSet<ServiceKey>,
     full_sync_needed: bool,
+    /// The IPVS backend's tables, when it is the backend.
+    ipvs: Option<IpvsTables>,
 }
 
 impl Proxier {
-    /// Opens the nf_tables socket in the current network namespace. The first sync
-    /// is a full one: it adopts whatever correct state the kernel already has.
+    /// Opens the nf_tables socket (and IPVS, with that backend) in the current
+    /// network namespace. The first sync is a full one: it adopts whatever correct
+    /// state the kernel already has.
     pub fn new(config: NodeConfig) -> std::io::Result<Proxier> {
+        let ipvs = if config.backend.is_ipvs() {
+            Some(IpvsTables::open().map_err(std::io::Error::other)?)
+        } else {
+            None
+        };
         Ok(Proxier {
+            ipvs,
             config,
-            sock: NftSocket::open()?,
+            sock: NftSocket::open().map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("opening the nf_tables netlink socket: {e}"),
+                )
+            })?,
             state: ClusterState::default(),
             applied: HashMap::new(),
             hairpin_refs: HashMap::new(),
@@ -373,15 +403,11 @@ impl Proxier {
 
     /// Brings the kernel to the desired state: a full sync when one is due, else
     /// a partial one over the dirty Services. After an error the next is full.
-    pub fn sync(&mut self) -> Result<SyncReport, NftError> {
+    pub fn sync(&mut self) -> Result<SyncReport, SyncError> {
         let started = Instant::now();
-        let result = if self.full_sync_needed {
-            self.full_sync()
-        } else {
-            self.partial_sync()
-        };
+        let result = self.sync_both();
         match result {
-            Ok((kind, recomputed, committed)) => Ok(SyncReport {
+            Ok((kind, recomputed, committed, ipvs)) => Ok(SyncReport {
                 kind,
                 services: match kind {
                     SyncKind::Full => self.state.services.len(),
@@ -389,6 +415,7 @@ impl Proxier {
                 },
                 recomputed,
                 committed,
+                ipvs,
                 duration: started.elapsed(),
             }),
             Err(e) => {
@@ -396,6 +423,23 @@ impl Proxier {
                 Err(e)
             }
         }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn sync_both(
+        &mut self,
+    ) -> Result<(SyncKind, Vec<ServiceKey>, Committed, Option<IpvsReport>), SyncError> {
+        let (kind, recomputed, committed) = if self.full_sync_needed {
+            self.full_sync()?
+        } else {
+            self.partial_sync()?
+        };
+        let ipvs = match &mut self.ipvs {
+            None => None,
+            Some(t) if kind == SyncKind::Full => Some(t.full_sync(&self.state, &self.config)?),
+            Some(t) => Some(t.partial_sync(&self.state, &self.config, &recomputed)?),
+        };
+        Ok((kind, recomputed, committed, ipvs))
     }
 
     fn full_sync(&mut self) -> Result<(SyncKind, Vec<ServiceKey>, Committed), NftError> {

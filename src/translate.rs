@@ -39,6 +39,13 @@ pub const CHAIN_NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 pub const CHAIN_FIREWALL_CHECK: &str = "firewall-check";
 pub const CHAIN_CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
 pub const CHAIN_REJECT: &str = "reject-chain";
+/// IPVS backend: Service address . protocol . port that IPVS serves.
+pub const SET_SERVICE_PORTS: &str = "service-ports";
+/// IPVS backend: external addresses and NodePorts whose traffic is masqueraded
+/// (`externalTrafficPolicy: Cluster`).
+pub const SET_MASQUERADE_SERVICES: &str = "masquerade-services";
+pub const SET_MASQUERADE_NODEPORTS: &str = "masquerade-nodeports";
+pub const CHAIN_SERVICE_PORTS_CHECK: &str = "service-ports-check";
 
 /// kube-proxy's default masquerade bit (`--iptables-masquerade-bit`), 0x4000.
 pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
@@ -62,6 +69,43 @@ pub struct NodeConfig {
     /// `--masquerade-all`: masquerade every connection to a ClusterIP, not only
     /// those from outside the cluster CIDRs.
     pub masquerade_all: bool,
+    /// Who picks endpoints and rewrites destinations.
+    pub backend: Backend,
+}
+
+/// `--proxy-mode`: nftables does everything; with IPVS, IPVS balances and the
+/// nftables table keeps the rest (masquerade, firewall, rejects).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Backend {
+    #[default]
+    Nftables,
+    Ipvs(IpvsSettings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsSettings {
+    /// `--ipvs-scheduler`, for Services without the scheduler annotation.
+    pub scheduler: String,
+    /// `--ipvs-strict-arp`: answer ARP only for addresses on the asked interface.
+    pub strict_arp: bool,
+    /// `--ipvs-exclude-cidrs`: virtual services there are someone else's.
+    pub exclude_cidrs: Vec<IpNet>,
+}
+
+impl Default for IpvsSettings {
+    fn default() -> Self {
+        IpvsSettings {
+            scheduler: "rr".into(),
+            strict_arp: false,
+            exclude_cidrs: Vec::new(),
+        }
+    }
+}
+
+impl Backend {
+    pub fn is_ipvs(&self) -> bool {
+        matches!(self, Backend::Ipvs(_))
+    }
 }
 
 /// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
@@ -122,6 +166,7 @@ impl Default for NodeConfig {
             local_addresses: Vec::new(),
             counters: false,
             masquerade_all: false,
+            backend: Backend::Nftables,
         }
     }
 }
@@ -161,6 +206,15 @@ impl NodeConfig {
                 "masquerade bit {} is not in 0..31",
                 self.masquerade_bit
             )));
+        }
+        if let Backend::Ipvs(ipvs) = &self.backend {
+            if !crate::netlink::ipvs::SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
+                return Err(ConfigError(format!(
+                    "--ipvs-scheduler: {:?} is not an IPVS scheduler ({})",
+                    ipvs.scheduler,
+                    crate::netlink::ipvs::SCHEDULERS.join(", ")
+                )));
+            }
         }
         Ok(())
     }
@@ -436,11 +490,31 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
             .with_comment("masquerade traffic to ClusterIPs from outside the cluster"),
         );
     }
-    services.push(Rule::new(vec![vmap(&DISPATCH_KEY, MAP_SERVICE_IPS)]));
-    services.push(Rule::new(vec![
-        in_set(Field::Daddr, SET_NODEPORT_IPS),
-        vmap(&NODEPORT_KEY, MAP_SERVICE_NODEPORTS),
-    ]));
+    let ipvs = config.backend.is_ipvs();
+    if ipvs {
+        // IPVS rewrites the destination later (local input); this only marks.
+        services.push(Rule::new(vec![
+            Stmt::InSet {
+                fields: DISPATCH_KEY.to_vec(),
+                set: SET_MASQUERADE_SERVICES.into(),
+            },
+            Stmt::MarkOr(mark),
+        ]));
+        services.push(Rule::new(vec![
+            in_set(Field::Daddr, SET_NODEPORT_IPS),
+            Stmt::InSet {
+                fields: NODEPORT_KEY.to_vec(),
+                set: SET_MASQUERADE_NODEPORTS.into(),
+            },
+            Stmt::MarkOr(mark),
+        ]));
+    } else {
+        services.push(Rule::new(vec![vmap(&DISPATCH_KEY, MAP_SERVICE_IPS)]));
+        services.push(Rule::new(vec![
+            in_set(Field::Daddr, SET_NODEPORT_IPS),
+            vmap(&NODEPORT_KEY, MAP_SERVICE_NODEPORTS),
+        ]));
+    }
 
     let mut cluster_ips_check = vec![
         Rule::new(vec![
@@ -635,10 +709,69 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
             ),
         ],
     };
+    if ipvs {
+        adapt_for_ipvs(&mut table);
+    }
     if config.counters {
         add_counting(&mut table);
     }
     table
+}
+
+/// The IPVS backend's table: no dispatch maps (IPVS picks endpoints), but the
+/// sets that say which Service ports IPVS serves and which external traffic is
+/// masqueraded. Service addresses are local (on `kube-ipvs0`), so filter-input
+/// (before IPVS, which runs late in local input) also refuses other ports of a
+/// ClusterIP: no node-local listener is reachable through a Service address.
+fn adapt_for_ipvs(table: &mut Table) {
+    let addr = table.family.addr_type();
+    let dispatch_key = vec![addr, KeyType::InetProto, KeyType::InetService];
+    table
+        .sets
+        .retain(|s| s.name != MAP_SERVICE_IPS && s.name != MAP_SERVICE_NODEPORTS);
+    let at = 2; // after cluster-ips and nodeport-ips
+    table.sets.splice(
+        at..at,
+        [
+            set(
+                SET_SERVICE_PORTS,
+                dispatch_key.clone(),
+                None,
+                "Service IP . protocol . port that IPVS serves",
+            ),
+            set(
+                SET_MASQUERADE_SERVICES,
+                dispatch_key,
+                None,
+                "external IP or load balancer IP . protocol . port: masquerade (externalTrafficPolicy: Cluster)",
+            ),
+            set(
+                SET_MASQUERADE_NODEPORTS,
+                vec![KeyType::InetProto, KeyType::InetService],
+                None,
+                "protocol . NodePort: masquerade (externalTrafficPolicy: Cluster)",
+            ),
+        ],
+    );
+    if let Some(input) = table.chains.iter_mut().find(|c| c.name == "filter-input") {
+        input.rules.push(Rule::new(vec![
+            Stmt::CtStateNew,
+            jump(CHAIN_SERVICE_PORTS_CHECK),
+        ]));
+    }
+    table.chains.push(regular(
+        CHAIN_SERVICE_PORTS_CHECK,
+        vec![
+            Rule::new(vec![
+                Stmt::InSet {
+                    fields: DISPATCH_KEY.to_vec(),
+                    set: SET_SERVICE_PORTS.into(),
+                },
+                Stmt::Verdict(Verdict::Return),
+            ]),
+            Rule::new(vec![jump(CHAIN_CLUSTER_IPS_CHECK)]),
+        ],
+    ));
 }
 
 /// `--counters`: every packet of a Service port's connections, both directions,
@@ -987,6 +1120,35 @@ fn external_chain(
     })
 }
 
+/// The IPVS backend's elements for a port's external addresses and NodePort:
+/// served by IPVS, and masqueraded unless `externalTrafficPolicy: Local`.
+fn ipvs_external_elements(
+    out: &mut ServiceRules,
+    svc: &Service,
+    port: &ServicePort,
+    label: &str,
+    external_keys: &[Vec<KeyValue>],
+    chains: &PolicyChains,
+) {
+    if chains.external(svc).is_none() {
+        return;
+    }
+    for key in external_keys {
+        out.elements
+            .push((SET_SERVICE_PORTS, element(key.clone(), None, label)));
+        if !svc.external_policy_local {
+            out.elements
+                .push((SET_MASQUERADE_SERVICES, element(key.clone(), None, label)));
+        }
+    }
+    if let (Some(node_port), false) = (port.node_port, svc.external_policy_local) {
+        out.elements.push((
+            SET_MASQUERADE_NODEPORTS,
+            element(nodeport_key(port, node_port), None, label),
+        ));
+    }
+}
+
 /// The chains and elements of one Service in one family.
 pub fn service_rules(
     state: &ClusterState,
@@ -1044,13 +1206,19 @@ pub fn service_rules(
             port_id: &port_id,
             timeout,
         });
+        let ipvs = config.backend.is_ipvs();
+        // Names the chain that picks among `chosen` (IPVS: only names whom
+        // IPVS serves; it has no chain).
         let mut policy_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
             if chosen.is_empty() {
                 return None;
             }
             let name = chain_name(kind, &port_id);
-            let slots = assign_slots(hints.slots(family, &name), chosen);
             out.hairpin.extend(chosen.iter().map(|e| e.addr));
+            if ipvs {
+                return Some(name);
+            }
+            let slots = assign_slots(hints.slots(family, &name), chosen);
             if let Some(a) = &affinity {
                 for ep in chosen {
                     let set = a.set(family, ep);
@@ -1083,6 +1251,9 @@ pub fn service_rules(
         let vip_key = dispatch_key(vip, port);
         let internal = chains.internal(svc);
         match internal {
+            Some(_) if ipvs => out
+                .elements
+                .push((SET_SERVICE_PORTS, element(vip_key.clone(), None, &label))),
             Some(chain) => out.elements.push((
                 MAP_SERVICE_IPS,
                 element(
@@ -1126,7 +1297,10 @@ pub fn service_rules(
         if external_keys.is_empty() && port.node_port.is_none() {
             continue;
         }
-        let external_chain = if eps.has_any {
+        if ipvs {
+            ipvs_external_elements(&mut out, svc, port, &label, &external_keys, &chains);
+        }
+        let external_chain = if eps.has_any && !ipvs {
             external_chain(
                 port_chain_name("external", svc, port),
                 &label,

@@ -66,6 +66,15 @@ impl AttrWriter {
         self.put(kind, &v.to_be_bytes());
     }
 
+    /// Host byte order, as generic netlink families such as IPVS use.
+    pub fn put_u16_host(&mut self, kind: u16, v: u16) {
+        self.put(kind, &v.to_ne_bytes());
+    }
+
+    pub fn put_u32_host(&mut self, kind: u16, v: u32) {
+        self.put(kind, &v.to_ne_bytes());
+    }
+
     /// A NUL-terminated string, as the kernel's NLA_STRING policy expects.
     pub fn put_str(&mut self, kind: u16, s: &str) {
         let mut v = Vec::with_capacity(s.len() + 1);
@@ -179,6 +188,22 @@ impl<'a> Payload<'a> {
             .try_into()
             .map_err(|_| self.bad("expected 8 bytes"))?;
         Ok(u64::from_be_bytes(b))
+    }
+
+    pub fn u16_host(&self) -> Result<u16, ParseError> {
+        let b: [u8; 2] = self
+            .bytes
+            .try_into()
+            .map_err(|_| self.bad("expected 2 bytes"))?;
+        Ok(u16::from_ne_bytes(b))
+    }
+
+    pub fn u32_host(&self) -> Result<u32, ParseError> {
+        let b: [u8; 4] = self
+            .bytes
+            .try_into()
+            .map_err(|_| self.bad("expected 4 bytes"))?;
+        Ok(u32::from_ne_bytes(b))
     }
 
     pub fn u8(&self) -> Result<u8, ParseError> {

@@ -1,4 +1,5 @@
-//! The nftables backend: our own netlink encoder and decoder for nf_tables.
+//! Our own netlink code: nf_tables (the nftables backend), IPVS over generic
+//! netlink (the IPVS backend), conntrack and rtnetlink.
 //!
 //! `attr` frames attributes, `expr` is the kernel's expression vocabulary, `lower`
 //! turns ruleset objects into kernel objects (bytecode identical to `nft`'s),
@@ -9,6 +10,8 @@ pub mod attr;
 pub mod conntrack;
 pub mod diff;
 pub mod expr;
+pub mod genl;
+pub mod ipvs;
 pub mod lower;
 pub mod message;
 pub mod monitor;

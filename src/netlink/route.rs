@@ -1,18 +1,33 @@
-//! rtnetlink, for the one thing kube-nft needs from it: this node's addresses
-//! (which `--nodeport-addresses` CIDRs select from).
+//! rtnetlink, for what kube-nft needs from it: this node's addresses (which
+//! `--nodeport-addresses` CIDRs select from), and for the IPVS backend a dummy
+//! interface holding the Service addresses.
 
-use super::attr::{ip_from_bytes, Attrs, ParseError};
-use super::message::{exchange, finish_msg, put_nlmsghdr, Refusal, NLM_F_DUMP, NLM_F_REQUEST};
+use super::attr::{ip_from_bytes, AttrWriter, Attrs, ParseError};
+use super::message::{
+    exchange, finish_msg, put_nlmsghdr, Refusal, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use std::io;
 use std::net::IpAddr;
 
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
 const RTM_GETADDR: u16 = 22;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
+/// No duplicate address detection: a Service address is ours at once.
+const IFA_F_NODAD: u8 = 0x02;
 /// sizeof(struct ifaddrmsg)
 const IFADDRMSG_LEN: usize = 8;
+/// sizeof(struct ifinfomsg)
+const IFINFOMSG_LEN: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
@@ -28,10 +43,20 @@ impl From<Refusal> for RouteError {
     }
 }
 
-/// Every address on every interface of the current network namespace.
-pub fn local_addresses() -> Result<Vec<IpAddr>, RouteError> {
+fn socket() -> Result<Socket, RouteError> {
     let mut sock = Socket::new(NETLINK_ROUTE)?;
     sock.bind_auto()?;
+    Ok(sock)
+}
+
+/// Every address on every interface of the current network namespace.
+pub fn local_addresses() -> Result<Vec<IpAddr>, RouteError> {
+    addresses(None)
+}
+
+/// The addresses of one interface (`Some(index)`), or of all of them.
+pub fn addresses(interface: Option<u32>) -> Result<Vec<IpAddr>, RouteError> {
+    let sock = socket()?;
     let mut req = Vec::new();
     let at = put_nlmsghdr(&mut req, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, 1);
     req.extend_from_slice(&[0u8; IFADDRMSG_LEN]); // AF_UNSPEC: both families
@@ -41,6 +66,10 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, RouteError> {
     exchange(&sock, &mut rx, &req, |msg| {
         if msg.kind != RTM_NEWADDR || msg.payload.len() < IFADDRMSG_LEN {
             return Ok::<(), RouteError>(());
+        }
+        let index = u32::from_ne_bytes(msg.payload[4..8].try_into().unwrap());
+        if interface.is_some_and(|i| i != index) {
+            return Ok(());
         }
         let (mut address, mut local) = (None, None);
         for a in Attrs::new(&msg.payload[IFADDRMSG_LEN..]) {
@@ -59,4 +88,86 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, RouteError> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// Sends one request and waits for its acknowledgement.
+fn request(kind: u16, flags: u16, header: &[u8], attrs: AttrWriter) -> Result<(), RouteError> {
+    let sock = socket()?;
+    let mut req = Vec::new();
+    let at = put_nlmsghdr(&mut req, kind, NLM_F_REQUEST | NLM_F_ACK | flags, 1);
+    req.extend_from_slice(header);
+    req.extend_from_slice(&attrs.into_bytes());
+    finish_msg(&mut req, at);
+    let mut rx = Vec::with_capacity(8192);
+    exchange(&sock, &mut rx, &req, |_| Ok::<(), RouteError>(()))
+}
+
+/// The index of the interface `name`, if there is one.
+pub fn link_index(name: &str) -> Result<Option<u32>, RouteError> {
+    let sock = socket()?;
+    let mut req = Vec::new();
+    // With an ack after the answer, `exchange` knows when it is over.
+    let at = put_nlmsghdr(&mut req, RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK, 1);
+    req.extend_from_slice(&[0u8; IFINFOMSG_LEN]);
+    let mut attrs = AttrWriter::over(req);
+    attrs.put_str(IFLA_IFNAME, name);
+    let mut req = attrs.into_bytes();
+    finish_msg(&mut req, at);
+    let mut rx = Vec::with_capacity(8192);
+    let mut index = None;
+    let result = exchange(&sock, &mut rx, &req, |msg| {
+        if msg.kind == RTM_NEWLINK && msg.payload.len() >= IFINFOMSG_LEN {
+            index = Some(i32::from_ne_bytes(msg.payload[4..8].try_into().unwrap()) as u32);
+        }
+        Ok::<(), RouteError>(())
+    });
+    match result {
+        Ok(()) => Ok(index),
+        Err(RouteError::Io(e))
+            if e.raw_os_error() == Some(rustix::io::Errno::NODEV.raw_os_error()) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates a dummy interface, left down: its addresses are local all the same.
+pub fn add_dummy(name: &str) -> Result<(), RouteError> {
+    let mut attrs = AttrWriter::new();
+    attrs.put_str(IFLA_IFNAME, name);
+    attrs.nest(IFLA_LINKINFO, |w| w.put_str(IFLA_INFO_KIND, "dummy"));
+    request(
+        RTM_NEWLINK,
+        NLM_F_CREATE | NLM_F_EXCL,
+        &[0u8; IFINFOMSG_LEN],
+        attrs,
+    )
+}
+
+fn address_request(kind: u16, flags: u16, interface: u32, addr: IpAddr) -> Result<(), RouteError> {
+    let (family, prefix, bytes): (u8, u8, Vec<u8>) = match addr {
+        IpAddr::V4(a) => (2, 32, a.octets().to_vec()),
+        IpAddr::V6(a) => (10, 128, a.octets().to_vec()),
+    };
+    let mut header = vec![family, prefix, IFA_F_NODAD, 0];
+    header.extend_from_slice(&interface.to_ne_bytes());
+    let mut attrs = AttrWriter::new();
+    attrs.put(IFA_LOCAL, &bytes);
+    attrs.put(IFA_ADDRESS, &bytes);
+    request(kind, flags, &header, attrs)
+}
+
+/// Adds `addr` (a /32 or /128) to the interface; an address it has is no error.
+pub fn add_address(interface: u32, addr: IpAddr) -> Result<(), RouteError> {
+    address_request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, interface, addr).or_else(|e| match e {
+        RouteError::Io(e) if e.raw_os_error() == Some(rustix::io::Errno::EXIST.raw_os_error()) => {
+            Ok(())
+        }
+        e => Err(e),
+    })
+}
+
+pub fn delete_address(interface: u32, addr: IpAddr) -> Result<(), RouteError> {
+    address_request(RTM_DELADDR, 0, interface, addr)
 }

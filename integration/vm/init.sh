@@ -1,0 +1,29 @@
+# The guest's /init (integration/vm/run.sh adds the PATH line before this and
+# the run_suite calls after it). Runs as PID 1 in the initramfs.
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+# `ip netns` bind-mounts namespaces under /run/netns: the root must be shared-capable.
+mount --make-rshared / 2>/dev/null || true
+echo /bin/modprobe >/proc/sys/kernel/modprobe
+for m in veth dummy ip_vs nf_conntrack nf_nat nf_tables; do modprobe "$m" || echo "guest: modprobe $m failed"; done
+ip link set lo up
+echo "guest: kernel $(uname -r), $(nproc) CPUs"
+
+failed=0
+run_suite() {
+  echo "guest: === $1 ==="
+  # The test binary's output as it comes, prefixed so that the host can tell it
+  # from the kernel's; ash has no PIPESTATUS, so the status goes through a file.
+  { "$2" --include-ignored --test-threads=1 2>&1; echo $? >/tmp/rc; } | sed 's/^/guest: /'
+  [ "$(cat /tmp/rc)" = 0 ] || failed=1
+}
+
+finish() {
+  echo "kube-nft-guest: exit $failed"
+  sync
+  poweroff -f
+}

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Runs test binaries inside Debian's 6.1 cloud kernel under qemu (software
+# emulation: KVM does not work on the development and CI machines). That kernel
+# has IPVS, which the host's does not, and is the LTS many nodes run.
+#
+#   integration/vm/run.sh [SUITE...]     (default: dataplane ipvs)
+#
+# The guest is an initramfs: busybox, the host's ip/nft/conntrack/ipvsadm with
+# their libraries, the kernel's netfilter/IPVS/veth/dummy modules, and the test
+# binaries cargo built, at the same paths as on the host. Each suite runs as
+# `<binary> --include-ignored --test-threads=1`: the IPVS tests are #[ignore]d on
+# the host, where they cannot run. The guest prints the test binaries' own
+# output, prefixed with "guest: ", then one line "kube-nft-guest: exit N".
+# Exits non-zero if a test failed, if the guest never reported, or if qemu ran
+# past its time limit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root_dir=$PWD
+suites=("$@")
+((${#suites[@]})) || suites=(dataplane ipvs)
+limit=${KUBE_NFT_VM_TIMEOUT:-900}
+
+work=$root_dir/target/vm
+mkdir -p "$work"
+
+# --- the kernel: Debian's linux-image-cloud-amd64 (6.1), downloaded once ---
+if [ ! -f "$work/kernel/ok" ]; then
+  rm -rf "$work/kernel" "$work/debs"
+  mkdir -p "$work/kernel" "$work/debs"
+  image=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')
+  [ -n "$image" ] || { echo "vm: no linux-image-cloud-amd64 in apt's lists (apt-get update?)" >&2; exit 1; }
+  (cd "$work/debs" && apt-get download "$image" 2> >(grep -v unsandboxed >&2))
+  dpkg-deb -x "$work"/debs/"$image"_*.deb "$work/kernel"
+  touch "$work/kernel/ok"
+fi
+kver=$(ls "$work/kernel/lib/modules")
+vmlinuz=$work/kernel/boot/vmlinuz-$kver
+
+# --- the test binaries, as cargo built them ---
+declare -A exe
+while IFS=$'\t' read -r name path; do exe[$name]=$path; done < <(
+  cargo test --no-run --message-format=json "${suites[@]/#/--test=}" 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"], sep="\t")
+')
+bin=$root_dir/target/debug/kube-nft
+[ -x "$bin" ] || cargo build --quiet
+for s in "${suites[@]}"; do
+  [ -n "${exe[$s]:-}" ] || { echo "vm: no test binary for suite $s" >&2; exit 1; }
+done
+
+# --- the guest's root ---
+stage=$work/root
+rm -rf "$stage"
+mkdir -p "$stage"/{bin,sbin,proc,sys,dev,tmp,run,etc,lib/modules,var}
+ln -s ../run "$stage/var/run"
+cp /bin/busybox "$stage/bin/busybox"
+# Copies a program and the shared libraries it loads, at their own paths.
+with_libs() {
+  local f l
+  for f in "$@"; do
+    for l in "$f" $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*'); do
+      mkdir -p "$stage$(dirname "$l")"
+      cp -L "$l" "$stage$l"
+    done
+  done
+}
+with_libs "$(command -v ip)" "$(command -v nft)" "$(command -v conntrack)" "$(command -v ipvsadm)" "$bin"
+for s in "${suites[@]}"; do with_libs "${exe[$s]}"; done
+# The dynamic loader may be reached through /lib64.
+[ -e "$stage/lib64" ] || ln -s lib "$stage/lib64"
+for f in /etc/protocols /etc/services /etc/nsswitch.conf; do [ -f "$f" ] && cp "$f" "$stage/etc/"; done
+echo "root:x:0:0:root:/:/bin/sh" >"$stage/etc/passwd"
+
+# Modules: what a Kubernetes node's netfilter, IPVS and test links need. busybox
+# depmod indexes them so the kernel's on-demand loading (nft_chain_nat, …) works.
+mods=$work/kernel/lib/modules/$kver
+mkdir -p "$stage/lib/modules/$kver"
+(cd "$mods" && find kernel/net kernel/lib kernel/crypto kernel/drivers/net/veth.ko kernel/drivers/net/dummy.ko \
+  -name '*.ko' | cpio -pdm --quiet "$stage/lib/modules/$kver")
+cp "$mods"/modules.builtin* "$stage/lib/modules/$kver/" 2>/dev/null || true
+busybox depmod -b "$stage" "$kver"
+
+{
+  echo '#!/bin/busybox sh'
+  echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/ RUST_BACKTRACE=1'
+  cat "$root_dir/integration/vm/init.sh"
+  for s in "${suites[@]}"; do
+    echo "run_suite $s '${exe[$s]}'"
+  done
+  echo 'finish'
+} >"$stage/init"
+chmod +x "$stage/init"
+(cd "$stage" && find . | cpio -o -H newc --quiet) | gzip -1 >"$work/initrd.gz"
+
+# --- boot ---
+log=$work/console.log
+echo "vm: booting $kver under qemu (TCG), suites: ${suites[*]}, time limit ${limit}s"
+status=0
+timeout --kill-after=10 "$limit" qemu-system-x86_64 \
+  -machine q35 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
+  -kernel "$vmlinuz" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 quiet panic=-1 loglevel=4" \
+  -nographic -no-reboot -monitor none -serial stdio -net none </dev/null |
+  tr -d '\r' | tee "$log" | grep --line-buffered '^guest: ' || status=$?
+if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+  echo "vm: FAILED: qemu ran past ${limit}s and was stopped (console: $log)" >&2
+  exit 1
+fi
+result=$(sed -n 's/^kube-nft-guest: exit \([0-9]*\)$/\1/p' "$log" | tail -1)
+if [ -z "$result" ]; then
+  echo "vm: FAILED: the guest never reported (qemu status $status); its console:" >&2
+  tail -40 "$log" >&2
+  exit 1
+fi
+if [ "$result" != 0 ]; then
+  echo "vm: FAILED: a test failed in the guest ($kver)" >&2
+  exit 1
+fi
+echo "vm: all suites passed in the guest ($kver)"
