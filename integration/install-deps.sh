@@ -8,6 +8,12 @@ command -v nft >/dev/null || missing+=(nftables)
 command -v conntrack >/dev/null || missing+=(conntrack)
 command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft bench's comparison
 command -v cc >/dev/null || missing+=(gcc)  # ring (rustls, the API client's TLS) compiles C
+# The IPVS tests' guest (integration/vm): qemu, busybox, ipvsadm, and cpio for its initramfs.
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+[ -x /bin/busybox ] && /bin/busybox --list | grep -qx depmod || missing+=(busybox-static)
+command -v ipvsadm >/dev/null || missing+=(ipvsadm)
+command -v cpio >/dev/null || missing+=(cpio)
+command -v python3 >/dev/null || missing+=(python3)
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   apt-get update -qq

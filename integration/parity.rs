@@ -11,7 +11,7 @@ use kube_nft::netns::{in_netns, Netns};
 use kube_nft::proxy;
 use kube_nft::source::files::{load_str, Loaded};
 use kube_nft::text;
-use kube_nft::translate::{NodeConfig, Ruleset};
+use kube_nft::translate::{Backend, IpvsSettings, NodeConfig, Ruleset};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -335,6 +335,25 @@ fn parity_with_masquerade_all() {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
             masquerade_all: true,
+            ..NodeConfig::default()
+        },
+    );
+}
+
+/// The table the IPVS backend keeps beside IPVS: no dispatch maps or Service
+/// chains, but sets of served and masqueraded Service ports (nftables alone, so
+/// this runs on any kernel).
+#[test]
+fn parity_with_the_ipvs_backend_table() {
+    check_parity(
+        "pf",
+        NodeConfig {
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "fd00:10:244::/56".parse().unwrap(),
+            ],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            backend: Backend::Ipvs(IpvsSettings::default()),
             ..NodeConfig::default()
         },
     );

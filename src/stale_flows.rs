@@ -211,6 +211,7 @@ mod tests {
                 messages: 0,
                 bytes: 0,
             },
+            ipvs: None,
             duration: std::time::Duration::ZERO,
         }
     }

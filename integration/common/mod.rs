@@ -7,6 +7,7 @@
 
 pub mod apiserver;
 pub mod sctp;
+pub mod services;
 
 use kube_nft::lab::hostname_server::{http_get, udp_ask, HostnameServer};
 use kube_nft::lab::topology::Topology;

@@ -3,7 +3,7 @@
 # emulation: KVM does not work on the development and CI machines). That kernel
 # has IPVS, which the host's does not, and is the LTS many nodes run.
 #
-#   integration/vm/run.sh [SUITE...]     (default: dataplane ipvs)
+#   integration/vm/run.sh [SUITE...]     (default: ipvs dataplane features)
 #
 # The guest is an initramfs: busybox, the host's ip/nft/conntrack/ipvsadm with
 # their libraries, the kernel's netfilter/IPVS/veth/dummy modules, and the test
@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root_dir=$PWD
 suites=("$@")
-((${#suites[@]})) || suites=(dataplane ipvs)
+((${#suites[@]})) || suites=(ipvs dataplane features)
 limit=${KUBE_NFT_VM_TIMEOUT:-900}
 
 work=$root_dir/target/vm
@@ -27,7 +27,9 @@ mkdir -p "$work"
 if [ ! -f "$work/kernel/ok" ]; then
   rm -rf "$work/kernel" "$work/debs"
   mkdir -p "$work/kernel" "$work/debs"
-  image=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/ { print $2; exit }')
+  image_name() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }'; }
+  image=$(image_name)
+  [ -n "$image" ] || { apt-get update -qq && image=$(image_name); }
   [ -n "$image" ] || { echo "vm: no linux-image-cloud-amd64 in apt's lists (apt-get update?)" >&2; exit 1; }
   (cd "$work/debs" && apt-get download "$image" 2> >(grep -v unsandboxed >&2))
   dpkg-deb -x "$work"/debs/"$image"_*.deb "$work/kernel"
@@ -71,6 +73,9 @@ with_libs() {
 }
 with_libs "$(command -v ip)" "$(command -v nft)" "$(command -v conntrack)" "$(command -v ipvsadm)" "$bin"
 for s in "${suites[@]}"; do with_libs "${exe[$s]}"; done
+# Debug info is most of a test binary and the guest only needs symbols.
+strip --strip-debug "$stage$bin"
+for s in "${suites[@]}"; do strip --strip-debug "$stage${exe[$s]}"; done
 # The dynamic loader may be reached through /lib64.
 [ -e "$stage/lib64" ] || ln -s lib "$stage/lib64"
 for f in /etc/protocols /etc/services /etc/nsswitch.conf; do [ -f "$f" ] && cp "$f" "$stage/etc/"; done
@@ -107,15 +112,19 @@ timeout --kill-after=10 "$limit" qemu-system-x86_64 \
   -append "console=ttyS0 quiet panic=-1 loglevel=4" \
   -nographic -no-reboot -monitor none -serial stdio -net none </dev/null |
   tr -d '\r' | tee "$log" | grep --line-buffered '^guest: ' || status=$?
-if [ "$status" = 124 ] || [ "$status" = 137 ]; then
-  echo "vm: FAILED: qemu ran past ${limit}s and was stopped (console: $log)" >&2
+# The harness failing counts as one failed test in test-all.sh's total.
+harness_failed() {
+  echo "vm: FAILED: $1" >&2
+  echo "test result: FAILED. 0 passed; 1 failed; (integration/vm: $1)"
   exit 1
+}
+if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+  harness_failed "qemu ran past ${limit}s and was stopped (console: $log)"
 fi
 result=$(sed -n 's/^kube-nft-guest: exit \([0-9]*\)$/\1/p' "$log" | tail -1)
 if [ -z "$result" ]; then
-  echo "vm: FAILED: the guest never reported (qemu status $status); its console:" >&2
   tail -40 "$log" >&2
-  exit 1
+  harness_failed "the guest never reported (qemu status $status; console above and in $log)"
 fi
 if [ "$result" != 0 ]; then
   echo "vm: FAILED: a test failed in the guest ($kver)" >&2

@@ -1,0 +1,321 @@
+//! The IPVS backend with real packets, in namespaces each test creates: virtual
+//! services and real servers checked against `ipvsadm -Ln`, TCP and UDP through
+//! the VIP to every backend, schedulers, persistence, incremental updates, and
+//! the nftables table beside IPVS (masquerade, rejects, firewall).
+//!
+//! They need a kernel with IPVS. The development and CI machines have none, so
+//! these are ignored on the host, and `integration/vm/run.sh` (which `.ci/run`
+//! calls) runs them with `--include-ignored` inside Debian's 6.1 cloud kernel
+//! under qemu.
+
+mod common;
+
+use common::services::*;
+use common::*;
+use kube_nft::lab::topology::CLIENT_V4;
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+fn ipvs_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut flags = vec!["--proxy-mode", "ipvs", "--node-name", NODE];
+    flags.extend_from_slice(extra);
+    flags
+}
+
+/// `ipvsadm -Ln` as a map: each virtual service line ("TCP 10.96.5.30:80 rr")
+/// to its real servers ("10.244.1.10:9376 Masq 1"), whitespace normalised.
+fn ipvsadm(ns: &str) -> BTreeMap<String, Vec<String>> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "ipvsadm", "-Ln"])
+        .output()
+        .expect("running ipvsadm");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut table: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current = None;
+    for line in String::from_utf8(out.stdout).unwrap().lines().skip(3) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.first() == Some(&"->") {
+            let real = words[1..4].join(" ");
+            table.get_mut(current.as_ref().unwrap()).unwrap().push(real);
+        } else if !words.is_empty() {
+            let service = words.join(" ");
+            table.insert(service.clone(), Vec::new());
+            current = Some(service);
+        }
+    }
+    for reals in table.values_mut() {
+        reals.sort();
+    }
+    table
+}
+
+fn expected(entries: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    entries
+        .iter()
+        .map(|(s, reals)| {
+            let mut r: Vec<String> = reals.iter().map(|r| format!("{r} Masq 1")).collect();
+            r.sort();
+            (s.to_string(), r)
+        })
+        .collect()
+}
+
+fn kube_ipvs0_addresses(ns: &str) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "ip",
+            "-o",
+            "addr",
+            "show",
+            "dev",
+            "kube-ipvs0",
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn web(endpoints: &[&str]) -> String {
+    let lines: Vec<String> = endpoints.iter().map(|a| ep(a, NODE, "")).collect();
+    svc(
+        "web",
+        "  clusterIP: 10.96.5.30\n  ports: [{name: http, port: 80, targetPort: 9376}, {name: dns, protocol: UDP, port: 53, targetPort: 9376}]",
+        "",
+    ) + &eps("web", &lines)
+}
+
+const ALL: [&str; 3] = ["10.244.1.10", "10.244.1.11", "10.244.1.12"];
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
+    let c = Cluster::new("ipvs", &PODS, &[9376]);
+    c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
+    let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
+    assert_eq!(
+        ipvsadm(c.node()),
+        expected(&[
+            ("TCP 10.96.5.30:80 rr", &reals),
+            ("UDP 10.96.5.30:53 rr", &reals)
+        ])
+    );
+    assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
+    // IPVS rewrites the destination; the nftables table only knows what it serves.
+    let listing = nft_list(c.node());
+    assert!(!listing.contains("dnat to"), "{listing}");
+    assert!(listing.contains("10.96.5.30 . tcp . 80"), "{listing}");
+
+    let pods = ["pod-a", "pod-b", "pod-c"];
+    assert_only(&tally(c.client(), "10.96.5.30:80", 45, false), &pods);
+    assert_only(&tally(c.client(), "10.96.5.30:53", 45, true), &pods);
+    assert_only(
+        &tally(&c.pod_ns("pod-c"), "10.96.5.30:80", 30, false),
+        &pods,
+    );
+    assert_only(&tally(c.node(), "10.96.5.30:80", 30, false), &pods);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn changes_go_out_service_by_service_and_a_restart_writes_nothing() {
+    let c = Cluster::new("ipvsinc", &PODS, &[9376]);
+    let other = svc(
+        "other",
+        "  clusterIP: 10.96.5.31\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+        "",
+    ) + &eps("other", &[ep("10.244.1.10", NODE, "")]);
+    let manifests = |web_eps: &[&str]| node_object("zone-a") + &web(web_eps) + &other;
+    let path = c.scratch.write("m.yaml", &manifests(&ALL));
+    let mut daemon = Daemon::start(
+        c.node(),
+        &path,
+        c.scratch.0.join("daemon.log"),
+        &ipvs_flags(&["--min-sync-period", "0s"]),
+    );
+    wait_until(Duration::from_secs(20), "the VIP answers", || {
+        answers(c.client(), "10.96.5.30:80")
+    });
+    let before = ipvsadm(c.node());
+
+    // pod-c leaves web: its two virtual services lose one real server each.
+    std::fs::write(&path, manifests(&ALL[..2])).unwrap();
+    wait_until(Duration::from_secs(10), "pod-c leaves IPVS", || {
+        ipvsadm(c.node())["TCP 10.96.5.30:80 rr"].len() == 2
+    });
+    wait_until(Duration::from_secs(5), "the partial sync is logged", || {
+        daemon.syncs("Partial") >= 1
+    });
+    let log = daemon.log_text();
+    let partial = log.lines().find(|l| l.contains("kind=Partial")).unwrap();
+    assert!(
+        partial.contains("services=1") && partial.contains("ipvs_commands=2"),
+        "{partial}"
+    );
+    let after = ipvsadm(c.node());
+    assert_eq!(
+        after["TCP 10.96.5.31:80 rr"],
+        before["TCP 10.96.5.31:80 rr"]
+    );
+    assert_eq!(after["UDP 10.96.5.30:53 rr"].len(), 2);
+    assert_only(
+        &tally(c.client(), "10.96.5.30:80", 20, false),
+        &["pod-a", "pod-b"],
+    );
+
+    // A connection open across a restart over the same state keeps working,
+    // and the new process writes nothing.
+    let mut held = kube_nft::netns::in_netns(c.client(), || {
+        std::net::TcpStream::connect("10.96.5.30:80".parse::<SocketAddr>().unwrap())
+    })
+    .unwrap()
+    .unwrap();
+    assert!(daemon.terminate().success());
+    let out = c.apply_with(&manifests(&ALL[..2]), &ipvs_flags(&[]));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("messages=0")
+            && log.contains("ipvs_commands=0")
+            && log.contains("ipvs_addresses=0"),
+        "{log}"
+    );
+    held.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    held.read_to_string(&mut answer).unwrap();
+    assert!(answer.contains("pod-"), "{answer}");
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn the_scheduler_comes_from_the_flag_or_the_service_annotation() {
+    let c = Cluster::new("ipvssched", &PODS, &[9376]);
+    let annotated = |scheduler: &str| {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: hashed, namespace: default, annotations: {{kube-nft.io/ipvs-scheduler: {scheduler}}}}}\nspec:\n  clusterIP: 10.96.5.32\n  ports: [{{name: http, port: 80, targetPort: 9376}}]\n")
+            + &eps("hashed", &ALL.map(|a| ep(a, NODE, "")))
+    };
+    let manifests = |scheduler: &str| node_object("zone-a") + &web(&ALL) + &annotated(scheduler);
+    c.apply_with(&manifests("sh"), &ipvs_flags(&["--ipvs-scheduler", "lc"]));
+    let table = ipvsadm(c.node());
+    assert!(table.contains_key("TCP 10.96.5.30:80 lc"), "{table:?}");
+    assert!(table.contains_key("TCP 10.96.5.32:80 sh"), "{table:?}");
+    // Source hashing: one client, one backend, connection after connection.
+    let t = tally(c.client(), "10.96.5.32:80", 20, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
+    // Least-connection spreads the same client.
+    let t = tally(c.client(), "10.96.5.30:80", 30, false);
+    assert!(t.answers.len() > 1, "{:?}", t.answers);
+
+    // A new annotation changes the virtual service in place.
+    c.apply_with(&manifests("mh"), &ipvs_flags(&["--ipvs-scheduler", "lc"]));
+    let table = ipvsadm(c.node());
+    assert!(table.contains_key("TCP 10.96.5.32:80 mh"), "{table:?}");
+    assert_eq!(table["TCP 10.96.5.32:80 mh"].len(), 3);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn session_affinity_is_ipvs_persistence_with_its_timeout() {
+    let c = Cluster::new("ipvsaff", &PODS, &[9376]);
+    let spec = "  clusterIP: 10.96.5.33\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 30}}\n  ports: [{name: http, port: 80, targetPort: 9376}]";
+    let manifests = node_object("zone-a")
+        + &svc("sticky", spec, "")
+        + &eps("sticky", &ALL.map(|a| ep(a, NODE, "")));
+    c.apply_with(&manifests, &ipvs_flags(&[]));
+    let table = ipvsadm(c.node());
+    assert!(
+        table.contains_key("TCP 10.96.5.33:80 rr persistent 30"),
+        "{table:?}"
+    );
+    let t = tally(c.client(), "10.96.5.33:80", 20, false);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn nftables_masquerades_rejects_and_filters_beside_ipvs() {
+    let c = Cluster::new("ipvsnft", &PODS, &[9376]);
+    let hairpin = svc(
+        "self",
+        "  clusterIP: 10.96.5.34\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+        "",
+    ) + &eps("self", &[ep("10.244.1.10", NODE, "")]);
+    let empty = svc(
+        "empty",
+        "  clusterIP: 10.96.5.35\n  ports: [{name: http, port: 80, targetPort: 9376}]",
+        "",
+    ) + &eps("empty", &[]);
+    let nodeport = svc(
+        "np",
+        "  type: NodePort\n  clusterIP: 10.96.5.36\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30080}]",
+        "",
+    ) + &eps("np", &[ep("10.244.1.11", NODE, "")]);
+    let manifests = lb_manifests("203.0.113.0/24", "{ip: 198.51.100.8}")
+        + &web(&ALL)
+        + &hairpin
+        + &empty
+        + &nodeport;
+    c.apply_with(&manifests, &ipvs_flags(&[]));
+
+    // Masquerade: a client outside the cluster is hidden, a pod is not.
+    assert_ne!(client_address_seen(c.client(), "10.96.5.30:80"), CLIENT_V4);
+    assert_eq!(
+        client_address_seen(&c.pod_ns("pod-c"), "10.96.5.30:80"),
+        "10.244.1.12"
+    );
+    // A pod reaching itself through its Service (hairpin) is masqueraded too.
+    assert_only(
+        &tally(&c.pod_ns("pod-a"), "10.96.5.34:80", 5, false),
+        &["pod-a"],
+    );
+    // NodePort, masqueraded (externalTrafficPolicy: Cluster).
+    assert_only(&tally(c.client(), &node_port(30080), 5, false), &["pod-b"]);
+    assert_ne!(
+        client_address_seen(c.client(), &node_port(30080)),
+        CLIENT_V4
+    );
+
+    // No endpoints: refused at once.
+    assert_refused_at_once(c.client(), "10.96.5.35:80");
+    // Another port of a Service address is refused, even where the node listens:
+    // the address is local (on kube-ipvs0), but not a way into the node.
+    let _listener = kube_nft::netns::in_netns(c.node(), || {
+        std::net::TcpListener::bind("0.0.0.0:8081").unwrap()
+    })
+    .unwrap();
+    assert_refused_at_once(c.client(), "10.96.5.30:8081");
+    let (err, _) = connect_error(c.client(), &node_port(8081), Duration::from_secs(2));
+    assert_eq!(
+        err, None,
+        "the node's own listener answers on its own address"
+    );
+
+    // loadBalancerSourceRanges: the load balancer IP drops the client, the
+    // external IP does not filter.
+    assert_dropped(c.client(), "198.51.100.8:80");
+    assert_only(&tally(c.client(), "198.51.100.7:80", 5, false), &["pod-a"]);
+    let kind = connect_error(c.client(), "198.51.100.8:80", Duration::from_millis(500)).0;
+    assert_ne!(kind, Some(ErrorKind::ConnectionRefused));
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn removing_a_service_removes_its_virtual_services_and_address() {
+    let c = Cluster::new("ipvsdel", &PODS, &[9376]);
+    c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
+    assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
+    c.apply_with(&node_object("zone-a"), &ipvs_flags(&[]));
+    assert_eq!(ipvsadm(c.node()), BTreeMap::new());
+    assert!(!kube_ipvs0_addresses(c.node()).contains("10.96.5.30"));
+    assert!(!answers(c.client(), "10.96.5.30:80"));
+}
