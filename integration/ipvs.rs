@@ -310,12 +310,119 @@ fn nftables_masquerades_rejects_and_filters_beside_ipvs() {
 
 #[test]
 #[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
-fn removing_a_service_removes_its_virtual_services_and_address() {
+fn removed_services_and_cleanup_leave_only_other_peoples_virtual_services() {
     let c = Cluster::new("ipvsdel", &PODS, &[9376]);
     c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
     assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
+    // Someone else's virtual service, on an address that is not this node's.
+    let foreign = ["-A", "-t", "203.0.113.50:80", "-s", "wlc"];
+    let out = Command::new("ip")
+        .args(["netns", "exec", c.node(), "ipvsadm"])
+        .args(foreign)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = expected(&[("TCP 203.0.113.50:80 wlc", &[])]);
+
     c.apply_with(&node_object("zone-a"), &ipvs_flags(&[]));
-    assert_eq!(ipvsadm(c.node()), BTreeMap::new());
+    assert_eq!(ipvsadm(c.node()), theirs);
     assert!(!kube_ipvs0_addresses(c.node()).contains("10.96.5.30"));
     assert!(!answers(c.client(), "10.96.5.30:80"));
+
+    // Cleanup removes kube-ipvs0 and our virtual services, not theirs.
+    c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
+    let out = kube_nft_in(c.node(), &["cleanup"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ipvsadm(c.node()), theirs);
+    assert_eq!(kube_ipvs0_addresses(c.node()), "");
+    assert!(!nft_list(c.node()).contains("kube-nft"));
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn drift_in_ipvs_and_kube_ipvs0_is_repaired_by_the_periodic_sync() {
+    let c = Cluster::new("ipvsdrift", &PODS, &[9376]);
+    let path = c
+        .scratch
+        .write("m.yaml", &(node_object("zone-a") + &web(&ALL)));
+    let daemon = Daemon::start(
+        c.node(),
+        &path,
+        c.scratch.0.join("daemon.log"),
+        &ipvs_flags(&["--sync-period", "2s"]),
+    );
+    wait_until(Duration::from_secs(20), "the VIP answers", || {
+        answers(c.client(), "10.96.5.30:80")
+    });
+    let want = ipvsadm(c.node());
+    for args in [
+        &[
+            "ipvsadm",
+            "-d",
+            "-t",
+            "10.96.5.30:80",
+            "-r",
+            "10.244.1.10:9376",
+        ][..],
+        &["ipvsadm", "-D", "-u", "10.96.5.30:53"],
+        &["ip", "addr", "del", "10.96.5.30/32", "dev", "kube-ipvs0"],
+    ] {
+        let out = Command::new("ip")
+            .args(["netns", "exec", c.node()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_ne!(ipvsadm(c.node()), want);
+    wait_until(Duration::from_secs(10), "IPVS repaired", || {
+        ipvsadm(c.node()) == want && kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32")
+    });
+    let pods = ["pod-a", "pod-b", "pod-c"];
+    assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
+    assert_only(&tally(c.client(), "10.96.5.30:53", 30, true), &pods);
+    drop(daemon);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn a_dual_stack_service_is_served_by_ipvs_in_both_families() {
+    let pods: [(&str, &[&str]); 2] = [
+        ("pod-a", &["10.244.1.10", "fd00:10:244:1::10"]),
+        ("pod-b", &["10.244.1.11", "fd00:10:244:1::11"]),
+    ];
+    let c = Cluster::new("ipvs6", &pods, &[9376]);
+    let spec = "  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIP: 10.96.5.40\n  clusterIPs: [10.96.5.40, \"fd00:10:96::40\"]\n  ports: [{name: http, port: 80, targetPort: 9376}]";
+    let v6 = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: dual-b, namespace: default, labels: {kubernetes.io/service-name: dual}}\naddressType: IPv6\nports: [{name: http, port: 9376}]\nendpoints:\n- {addresses: [\"fd00:10:244:1::10\"], nodeName: node-a}\n- {addresses: [\"fd00:10:244:1::11\"], nodeName: node-a}\n";
+    let manifests = node_object("zone-a")
+        + &svc("dual", spec, "")
+        + &eps(
+            "dual",
+            &[ep("10.244.1.10", NODE, ""), ep("10.244.1.11", NODE, "")],
+        )
+        + v6;
+    c.apply_with(&manifests, &ipvs_flags(&[]));
+    let table = ipvsadm(c.node());
+    assert_eq!(table["TCP [fd00:10:96::40]:80 rr"].len(), 2, "{table:?}");
+    assert!(kube_ipvs0_addresses(c.node()).contains("fd00:10:96::40/128"));
+    assert_only(
+        &tally(c.client(), "10.96.5.40:80", 20, false),
+        &["pod-a", "pod-b"],
+    );
+    assert_only(
+        &tally(c.client(), "[fd00:10:96::40]:80", 20, false),
+        &["pod-a", "pod-b"],
+    );
 }

@@ -370,6 +370,30 @@ impl IpvsTables {
     }
 }
 
+/// `kube-nft cleanup`: removes `kube-ipvs0` and every virtual service on this
+/// node's own addresses (Service addresses and NodePort addresses alike: a
+/// proxy's), as kube-proxy's cleanup flushes IPVS. Returns how many virtual
+/// services it removed; a kernel without IPVS has none to remove.
+pub fn cleanup() -> Result<usize, BackendError> {
+    let interface = route::link_index(INTERFACE)?;
+    let local: BTreeSet<IpAddr> = route::addresses(None)?.into_iter().collect();
+    let mut removed = 0;
+    if let Some(mut sock) = IpvsSocket::open()? {
+        let commands: Vec<Command> = sock
+            .services()?
+            .into_iter()
+            .filter(|s| local.contains(&s.key.addr))
+            .map(|s| Command::DeleteService(s.key))
+            .collect();
+        sock.apply(&commands)?;
+        removed = commands.len();
+    }
+    if let Some(i) = interface {
+        route::delete_link(i)?;
+    }
+    Ok(removed)
+}
+
 /// The index of `kube-ipvs0`, created (down, as kube-proxy leaves it) if missing.
 fn ensure_interface() -> Result<u32, RouteError> {
     if let Some(i) = route::link_index(INTERFACE)? {

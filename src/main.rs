@@ -46,7 +46,9 @@ enum Command {
         /// Destination as ADDR:PORT/PROTO, e.g. 10.96.0.10:53/udp or [fd00::1]:80/tcp.
         dst: String,
     },
-    /// Remove kube-nft's tables from the current network namespace, and nothing else.
+    /// Remove kube-nft's tables from the current network namespace, and with the
+    /// IPVS backend's leftovers: kube-ipvs0 and the virtual services on this
+    /// node's addresses.
     Cleanup,
     /// List the Service ports by traffic (packets and bytes, both directions, both
     /// families), from the counters `run --counters` keeps.
@@ -402,6 +404,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 fn cleanup() -> Result<bool, String> {
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
     proxy::cleanup(&mut sock).map_err(|e| e.to_string())?;
+    kube_nft::ipvs::cleanup().map_err(|e| format!("cleaning up IPVS: {e}"))?;
     Ok(true)
 }
 

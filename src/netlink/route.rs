@@ -11,6 +11,7 @@ use std::io;
 use std::net::IpAddr;
 
 const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
@@ -143,6 +144,12 @@ pub fn add_dummy(name: &str) -> Result<(), RouteError> {
         &[0u8; IFINFOMSG_LEN],
         attrs,
     )
+}
+
+pub fn delete_link(index: u32) -> Result<(), RouteError> {
+    let mut header = [0u8; IFINFOMSG_LEN];
+    header[4..8].copy_from_slice(&(index as i32).to_ne_bytes());
+    request(RTM_DELLINK, 0, &header, AttrWriter::new())
 }
 
 fn address_request(kind: u16, flags: u16, interface: u32, addr: IpAddr) -> Result<(), RouteError> {
