@@ -285,3 +285,40 @@ fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_
         );
     }
 }
+
+/// Whether this kernel has IPVS or can load it.
+fn kernel_has_ipvs() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    std::path::Path::new("/sys/module/ip_vs").exists()
+        || std::path::Path::new(&format!(
+            "/lib/modules/{}/kernel/net/netfilter/ipvs",
+            release.trim()
+        ))
+        .exists()
+}
+
+#[test]
+fn ipvs_mode_on_a_kernel_without_ipvs_says_so_and_programs_nothing() {
+    let c = Cluster::new("noipvs", &PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let out = kube_nft_in(
+        c.node(),
+        &proxy_command("run", &manifests)
+            .into_iter()
+            .chain(["--once", "--proxy-mode", "ipvs", "--node-name", "node1"])
+            .collect::<Vec<_>>(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    if kernel_has_ipvs() {
+        // Where IPVS exists this is the IPVS backend at work (integration/ipvs.rs
+        // tests it); here only that it starts.
+        assert!(out.status.success(), "{err}");
+        return;
+    }
+    assert!(!out.status.success());
+    assert!(err.contains("this kernel has no IPVS"), "{err}");
+    assert!(
+        !nft_list(c.node()).contains("kube-nft"),
+        "programmed anyway"
+    );
+}

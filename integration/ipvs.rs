@@ -426,3 +426,32 @@ fn a_dual_stack_service_is_served_by_ipvs_in_both_families() {
         &["pod-a", "pod-b"],
     );
 }
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn the_lab_runs_on_the_ipvs_backend() {
+    require_root();
+    let prefix = unique("ipvslab");
+    let out = Command::new(BIN)
+        .args([
+            "lab",
+            "--backend",
+            "ipvs",
+            "--requests",
+            "12",
+            "--prefix",
+            &prefix,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("lab passed: every pod answered"), "{text}");
+    assert!(text.contains("proxy: IPVS: "), "{text}");
+    assert!(text.contains("TCP  10.0.1.175:80 rr"), "{text}");
+    assert!(!text.contains("dnat to"), "{text}");
+}

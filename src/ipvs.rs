@@ -394,6 +394,30 @@ pub fn cleanup() -> Result<usize, BackendError> {
     Ok(removed)
 }
 
+/// The kernel's IPVS table, laid out like `ipvsadm -Ln` (for the lab and
+/// operators without ipvsadm).
+pub fn listing() -> Result<String, BackendError> {
+    use std::fmt::Write;
+    let mut sock = IpvsSocket::open()?.ok_or(BackendError::Unavailable)?;
+    let mut services = sock.services()?;
+    services.sort_by_key(|s| s.key);
+    let mut out = String::from("Prot LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port           Forward Weight\n");
+    for s in services {
+        let addr = std::net::SocketAddr::new(s.key.addr, s.key.port);
+        let persistent = s
+            .persistence
+            .map(|t| format!(" persistent {t}"))
+            .unwrap_or_default();
+        let proto = s.key.protocol.name().to_uppercase();
+        let _ = writeln!(out, "{proto:<4} {addr} {}{persistent}", s.scheduler);
+        for r in sock.reals(&s.key)? {
+            let real = std::net::SocketAddr::new(r.addr, r.port).to_string();
+            let _ = writeln!(out, "  -> {real:<28} Masq    {}", r.weight);
+        }
+    }
+    Ok(out)
+}
+
 /// The index of `kube-ipvs0`, created (down, as kube-proxy leaves it) if missing.
 fn ensure_interface() -> Result<u32, RouteError> {
     if let Some(i) = route::link_index(INTERFACE)? {

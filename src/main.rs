@@ -75,6 +75,9 @@ enum Command {
         cluster_cidr: Vec<IpNet>,
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
+        /// `nftables`, or `ipvs` where the kernel has IPVS.
+        #[arg(long, alias = "proxy-mode", default_value = "nftables", value_parser = ["nftables", "ipvs"])]
+        backend: String,
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
     Bench {
@@ -337,6 +340,7 @@ fn main() -> ExitCode {
             prefix,
             cluster_cidr,
             service_cidr,
+            backend,
         } => lab::run(&LabOptions {
             manifests,
             requests,
@@ -346,6 +350,10 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
+                backend: match backend.as_str() {
+                    "ipvs" => Backend::Ipvs(IpvsSettings::default()),
+                    _ => Backend::Nftables,
+                },
                 ..NodeConfig::default()
             },
         })

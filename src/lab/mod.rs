@@ -9,7 +9,6 @@ pub mod hostname_server;
 pub mod topology;
 
 use crate::model::{build_state, Objects};
-use crate::netlink::NftSocket;
 use crate::ruleset::{Family, Protocol, TABLE_NAME};
 use crate::source::files::{self, Loaded};
 use crate::translate::{usable_endpoints, NodeConfig};
@@ -166,27 +165,36 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     }
 
     // The proxy: one sync in the node namespace, through the same path as `run`.
-    let objects = loaded.objects.clone();
+    let state = validated.state.clone();
     let config = opts.config.clone();
-    let (ruleset, committed, matches) =
+    let (ruleset, report, matches) =
         crate::netns::in_netns(&topo.node.name, move || -> Result<_, String> {
-            let (ruleset, _) = crate::proxy::desired(&objects, None, &config);
-            let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
-            let committed = crate::proxy::apply(&mut sock, &ruleset).map_err(|e| e.to_string())?;
-            let matches =
-                crate::proxy::kernel_matches(&mut sock, &ruleset).map_err(|e| e.to_string())?;
-            Ok((ruleset, committed, matches))
+            let mut proxier = crate::proxy::Proxier::new(config).map_err(|e| e.to_string())?;
+            proxier.replace_state(state);
+            let report = proxier.sync().map_err(|e| e.to_string())?;
+            let matches = proxier.verify().map_err(|e| e.to_string())?;
+            let ruleset = proxier.desired_as_placed().map_err(|e| e.to_string())?;
+            Ok((ruleset, report, matches))
         })??;
     println!(
         "proxy: programmed {} netlink messages ({} bytes) in one transaction; kernel readback {}",
-        committed.messages,
-        committed.bytes,
+        report.committed.messages,
+        report.committed.bytes,
         if matches {
             "matches the desired ruleset"
         } else {
             "DIFFERS from the desired ruleset"
         }
     );
+    if let Some(ipvs) = &report.ipvs {
+        println!(
+            "proxy: IPVS: {} commands ({} bytes), {} addresses on {}",
+            ipvs.commands,
+            ipvs.bytes,
+            ipvs.addresses,
+            crate::ipvs::INTERFACE
+        );
+    }
 
     let pod_names: BTreeMap<IpAddr, String> = plans
         .iter()
@@ -305,6 +313,15 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
                 }
             }
         }
+    }
+
+    if opts.config.backend.is_ipvs() {
+        println!(
+            "\n# IPVS   (in {}; as `ipvsadm -Ln` lists it)",
+            topo.node.name
+        );
+        let listing = crate::netns::in_netns(&topo.node.name, crate::ipvs::listing)?;
+        print!("{}", listing.map_err(|e| e.to_string())?);
     }
 
     if opts.keep {
