@@ -831,7 +831,7 @@ winkernel:
                 "masqueradeBitt",
             ),
             ("mode: nftables", "mode: iptables", "mode"),
-            ("mode: nftables", "mode: ipvs", "mode"),
+            ("  tcpTimeout: 0s", "  tcpTimeout: 900s", "ipvs.tcpTimeout"),
             (
                 "  maxPerCore: null",
                 "  maxPerCore: 32768",
@@ -895,6 +895,50 @@ winkernel:
             err.contains("masqueradeAll") || err.contains("nftables"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn mode_ipvs_takes_the_ipvs_section_and_its_flags() {
+        let text = KUBEADM
+            .replace("mode: nftables", "mode: ipvs")
+            .replace("  scheduler: \"\"", "  scheduler: sh")
+            .replace("  strictARP: false", "  strictARP: true");
+        let s = resolve_text(&text, Flags::default()).unwrap();
+        assert_eq!(
+            s.node.backend,
+            Backend::Ipvs(IpvsSettings {
+                scheduler: "sh".into(),
+                strict_arp: true,
+                exclude_cidrs: Vec::new(),
+            })
+        );
+        let s = resolve_text(
+            &text,
+            Flags {
+                ipvs_scheduler: Some("mh".into()),
+                ..Flags::default()
+            },
+        )
+        .unwrap();
+        assert!(matches!(&s.node.backend, Backend::Ipvs(i) if i.scheduler == "mh"));
+        let err = resolve_text(
+            &text,
+            Flags {
+                ipvs_scheduler: Some("fastest".into()),
+                ..Flags::default()
+            },
+        )
+        .unwrap_err();
+        assert!(err.contains("--ipvs-scheduler"), "{err}");
+        let s = resolve_text(
+            KUBEADM,
+            Flags {
+                proxy_mode: Some("nftables".into()),
+                ..Flags::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.node.backend, Backend::Nftables);
     }
 
     #[test]

@@ -505,6 +505,81 @@ mod tests {
         (key, server)
     }
 
+    /// The model the manifests describe, on node `node-a` (address 192.0.2.1).
+    fn cluster(manifests: &str) -> (ClusterState, NodeConfig) {
+        let mut loaded = crate::source::files::Loaded::default();
+        crate::source::files::load_str(manifests, "test", &mut loaded);
+        assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
+        let validated = crate::model::build_state(&loaded.objects, Some("node-a"));
+        assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);
+        let config = NodeConfig {
+            backend: Backend::Ipvs(IpvsSettings {
+                scheduler: "wlc".into(),
+                ..IpvsSettings::default()
+            }),
+            ..NodeConfig::default()
+        };
+        (validated.state, config)
+    }
+
+    const NODE: &str = "---\napiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus: {addresses: [{type: InternalIP, address: 192.0.2.1}]}\n";
+    const SLICE: &str = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-a, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 9376}]\nendpoints:\n- {addresses: [10.244.1.10], nodeName: node-a}\n- {addresses: [10.244.2.10], nodeName: node-b}\n";
+
+    fn listed(servers: &[VirtualServer]) -> Vec<String> {
+        servers
+            .iter()
+            .map(|v| {
+                let reals: Vec<String> = v.reals.iter().map(|r| r.addr.to_string()).collect();
+                format!(
+                    "{} {} {:?} -> {}",
+                    v.service.key,
+                    v.service.scheduler,
+                    v.service.persistence,
+                    reals.join(",")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_service_asks_for_a_virtual_service_per_address_with_its_policy_endpoints() {
+        let web = "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default, annotations: {kube-nft.io/ipvs-scheduler: sh}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.10\n  externalTrafficPolicy: Local\n  sessionAffinity: ClientIP\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30080}]\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.8}]}}\n";
+        let (state, config) = cluster(&(NODE.to_string() + web + SLICE));
+        let svc = state.services.values().next().unwrap();
+        let settings = settings(&config);
+        assert_eq!(
+            listed(&virtual_servers(&state, svc, &config, &settings)),
+            [
+                // Internal traffic: every endpoint; external: this node's only.
+                "10.96.0.10:80/tcp sh Some(10800) -> 10.244.1.10,10.244.2.10",
+                "198.51.100.8:80/tcp sh Some(10800) -> 10.244.1.10",
+                "192.0.2.1:30080/tcp sh Some(10800) -> 10.244.1.10",
+            ]
+        );
+        assert_eq!(
+            service_addresses(svc),
+            [
+                "10.96.0.10".parse::<IpAddr>().unwrap(),
+                "198.51.100.8".parse().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn without_endpoints_under_its_policy_a_port_gets_no_virtual_service() {
+        let web = "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  internalTrafficPolicy: Local\n  ports: [{name: http, port: 80, targetPort: 9376}]\n";
+        let remote_only = SLICE.replace("- {addresses: [10.244.1.10], nodeName: node-a}\n", "");
+        let (state, config) = cluster(&(NODE.to_string() + web + &remote_only));
+        let svc = state.services.values().next().unwrap();
+        assert!(virtual_servers(&state, svc, &config, &settings(&config)).is_empty());
+        let (state, config) = cluster(&(NODE.to_string() + web + SLICE));
+        let svc = state.services.values().next().unwrap();
+        assert_eq!(
+            listed(&virtual_servers(&state, svc, &config, &settings(&config))),
+            ["10.96.0.10:80/tcp wlc None -> 10.244.1.10"]
+        );
+    }
+
     #[test]
     fn diff_adds_before_it_removes_and_leaves_the_unchanged_alone() {
         let have = BTreeMap::from([
