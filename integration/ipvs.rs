@@ -28,18 +28,10 @@ fn ipvs_flags<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 /// `ipvsadm -Ln` as a map: each virtual service line ("TCP 10.96.5.30:80 rr")
 /// to its real servers ("10.244.1.10:9376 Masq 1"), whitespace normalised.
 fn ipvsadm(ns: &str) -> BTreeMap<String, Vec<String>> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ipvsadm", "-Ln"])
-        .output()
-        .expect("running ipvsadm");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let listing = exec_in(ns, &["ipvsadm", "-Ln"]);
     let mut table: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut current = None;
-    for line in String::from_utf8(out.stdout).unwrap().lines().skip(3) {
+    for line in listing.lines().skip(3) {
         let words: Vec<&str> = line.split_whitespace().collect();
         if words.first() == Some(&"->") {
             let real = words[1..4].join(" ");
@@ -315,16 +307,9 @@ fn removed_services_and_cleanup_leave_only_other_peoples_virtual_services() {
     c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
     assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
     // Someone else's virtual service, on an address that is not this node's.
-    let foreign = ["-A", "-t", "203.0.113.50:80", "-s", "wlc"];
-    let out = Command::new("ip")
-        .args(["netns", "exec", c.node(), "ipvsadm"])
-        .args(foreign)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    exec_in(
+        c.node(),
+        &["ipvsadm", "-A", "-t", "203.0.113.50:80", "-s", "wlc"],
     );
     let theirs = expected(&[("TCP 203.0.113.50:80 wlc", &[])]);
 
@@ -375,16 +360,7 @@ fn drift_in_ipvs_and_kube_ipvs0_is_repaired_by_the_periodic_sync() {
         &["ipvsadm", "-D", "-u", "10.96.5.30:53"],
         &["ip", "addr", "del", "10.96.5.30/32", "dev", "kube-ipvs0"],
     ] {
-        let out = Command::new("ip")
-            .args(["netns", "exec", c.node()])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        exec_in(c.node(), args);
     }
     assert_ne!(ipvsadm(c.node()), want);
     wait_until(Duration::from_secs(10), "IPVS repaired", || {

@@ -62,12 +62,7 @@ pub fn virtual_servers(
         .unwrap_or_else(|| settings.scheduler.clone());
     let mut out = Vec::new();
     for family in Family::ALL {
-        let Some(vip) = svc
-            .cluster_ips
-            .iter()
-            .copied()
-            .find(|ip| Family::of(ip) == family)
-        else {
+        let Some(vip) = svc.cluster_ip_of(family) else {
             continue;
         };
         let externals: Vec<IpAddr> = svc

@@ -101,6 +101,14 @@ pub const IPVS_SCHEDULER_ANNOTATION: &str = "kube-nft.io/ipvs-scheduler";
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
 impl Service {
+    /// The ClusterIP of one family, if the Service has that family.
+    pub fn cluster_ip_of(&self, family: Family) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(ip) == family)
+    }
+
     /// Whether the Service has destinations outside its ClusterIPs.
     pub fn externally_accessible(&self) -> bool {
         self.ports.iter().any(|p| p.node_port.is_some())

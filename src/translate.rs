@@ -1158,12 +1158,7 @@ pub fn service_rules(
     hints: &dyn SlotHints,
 ) -> ServiceRules {
     let mut out = ServiceRules::default();
-    let Some(vip) = svc
-        .cluster_ips
-        .iter()
-        .copied()
-        .find(|ip| Family::of(ip) == family)
-    else {
+    let Some(vip) = svc.cluster_ip_of(family) else {
         return out;
     };
     let node = state.node.as_ref();

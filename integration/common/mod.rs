@@ -265,6 +265,21 @@ pub fn connect_error(
     .unwrap()
 }
 
+/// A command inside a namespace, which must succeed; its standard output.
+pub fn exec_in(ns: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// `nft list ruleset` in a namespace.
 pub fn nft_list(ns: &str) -> String {
     let out = Command::new("ip")
