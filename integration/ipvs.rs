@@ -92,7 +92,18 @@ const ALL: [&str; 3] = ["10.244.1.10", "10.244.1.11", "10.244.1.12"];
 #[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
 fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
     let c = Cluster::new("ipvs", &PODS, &[9376]);
-    c.apply_with(&(node_object("zone-a") + &web(&ALL)), &ipvs_flags(&[]));
+    c.apply_with(
+        &(node_object("zone-a") + &web(&ALL)),
+        &ipvs_flags(&["--ipvs-strict-arp"]),
+    );
+    for (key, value) in [
+        ("net/ipv4/vs/conntrack", "1"),
+        ("net/ipv4/conf/all/arp_ignore", "1"),
+        ("net/ipv4/conf/all/arp_announce", "2"),
+    ] {
+        let path = format!("/proc/sys/{key}");
+        assert_eq!(exec_in(c.node(), &["cat", &path]).trim(), value, "{key}");
+    }
     let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
     assert_eq!(
         ipvsadm(c.node()),
