@@ -7,7 +7,7 @@
 //! at its zero value (kubeadm writes them all), and anything else, including a
 //! misspelt field, stops the start with a message naming the field.
 
-use crate::netlink::ipvs::SCHEDULERS as IPVS_SCHEDULERS;
+use crate::netlink::ipvs::check_scheduler;
 use crate::source::kubernetes::Connection;
 use crate::translate::{
     Backend, IpvsSettings, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
@@ -456,12 +456,7 @@ impl FileConfig {
                 }
             }
             if let Some(s) = v.scheduler.as_deref().filter(|s| !s.is_empty()) {
-                if !IPVS_SCHEDULERS.contains(&s) {
-                    return Err(format!(
-                        "ipvs.scheduler: {s:?} is not an IPVS scheduler ({})",
-                        IPVS_SCHEDULERS.join(", ")
-                    ));
-                }
+                check_scheduler(s).map_err(|e| format!("ipvs.scheduler: {e}"))?;
             }
             for (i, c) in v.exclude_cidrs.iter().flatten().enumerate() {
                 cidr_list(c, &format!("ipvs.excludeCIDRs[{i}]"))?;

@@ -150,8 +150,8 @@ pub fn service_addresses(svc: &Service) -> Vec<IpAddr> {
 /// and real servers first (a changed service gains its new real servers before
 /// it loses the old ones), deletions last.
 pub fn diff(
-    have: &BTreeMap<VirtualKey, VirtualServer>,
-    want: &BTreeMap<VirtualKey, VirtualServer>,
+    have: &BTreeMap<VirtualKey, &VirtualServer>,
+    want: &BTreeMap<VirtualKey, &VirtualServer>,
 ) -> Vec<Command> {
     let mut out = Vec::new();
     let mut removals = Vec::new();
@@ -201,8 +201,33 @@ pub struct IpvsReport {
 /// What was applied for one Service.
 #[derive(Debug, Default)]
 struct Applied {
-    servers: BTreeMap<VirtualKey, VirtualServer>,
+    servers: Vec<VirtualServer>,
     addresses: Vec<IpAddr>,
+}
+
+impl Applied {
+    /// What `svc` asks for.
+    fn desired(
+        state: &ClusterState,
+        svc: &Service,
+        config: &NodeConfig,
+        settings: &IpvsSettings,
+    ) -> Applied {
+        Applied {
+            servers: virtual_servers(state, svc, config, settings),
+            addresses: service_addresses(svc),
+        }
+    }
+}
+
+/// The servers of some Services, by key, for `diff`.
+fn by_key<'a>(
+    applied: impl Iterator<Item = &'a Applied>,
+) -> BTreeMap<VirtualKey, &'a VirtualServer> {
+    applied
+        .flat_map(|a| &a.servers)
+        .map(|v| (v.service.key, v))
+        .collect()
 }
 
 /// The kernel's IPVS table and `kube-ipvs0`, kept in step with the model.
@@ -245,21 +270,15 @@ impl IpvsTables {
         let interface = ensure_interface()?;
         let bound: BTreeSet<IpAddr> = route::addresses(Some(interface))?.into_iter().collect();
 
-        let mut applied = HashMap::new();
-        let mut want = BTreeMap::new();
+        let applied: HashMap<ServiceKey, Applied> = state
+            .services
+            .iter()
+            .map(|(key, svc)| (key.clone(), Applied::desired(state, svc, config, &settings)))
+            .collect();
+        let want = by_key(applied.values());
         let mut address_refs: HashMap<IpAddr, usize> = HashMap::new();
-        for (key, svc) in &state.services {
-            let servers: BTreeMap<VirtualKey, VirtualServer> =
-                virtual_servers(state, svc, config, &settings)
-                    .into_iter()
-                    .map(|v| (v.service.key, v))
-                    .collect();
-            want.extend(servers.iter().map(|(k, v)| (*k, v.clone())));
-            let addresses = service_addresses(svc);
-            for a in &addresses {
-                *address_refs.entry(*a).or_default() += 1;
-            }
-            applied.insert(key.clone(), Applied { servers, addresses });
+        for a in applied.values().flat_map(|a| &a.addresses) {
+            *address_refs.entry(*a).or_default() += 1;
         }
 
         let mut ours: BTreeSet<IpAddr> = bound.clone();
@@ -276,6 +295,7 @@ impl IpvsTables {
             let reals = self.sock.reals(&service.key)?;
             have.insert(service.key, VirtualServer { service, reals });
         }
+        let have = have.iter().map(|(k, v)| (*k, v)).collect();
 
         let wanted_addresses: BTreeSet<IpAddr> = address_refs.keys().copied().collect();
         let mut report = IpvsReport::default();
@@ -297,46 +317,39 @@ impl IpvsTables {
         keys: &[ServiceKey],
     ) -> Result<IpvsReport, BackendError> {
         let settings = settings(config);
-        let (mut have, mut want) = (BTreeMap::new(), BTreeMap::new());
+        let updates: Vec<(ServiceKey, Option<Applied>)> = keys
+            .iter()
+            .map(|key| {
+                let new = state
+                    .services
+                    .get(key)
+                    .map(|svc| Applied::desired(state, svc, config, &settings));
+                (key.clone(), new)
+            })
+            .collect();
         let (mut to_bind, mut to_unbind) = (Vec::new(), Vec::new());
-        let mut updates = Vec::new();
-        for key in keys {
+        for (key, new) in &updates {
             let old = self.applied.get(key);
-            let new = state.services.get(key).map(|svc| Applied {
-                servers: virtual_servers(state, svc, config, &settings)
-                    .into_iter()
-                    .map(|v| (v.service.key, v))
-                    .collect(),
-                addresses: service_addresses(svc),
-            });
-            if let Some(old) = old {
-                have.extend(old.servers.iter().map(|(k, v)| (*k, v.clone())));
-                for a in &old.addresses {
-                    if new.as_ref().is_some_and(|n| n.addresses.contains(a)) {
-                        continue;
-                    }
-                    let refs = self.address_refs.entry(*a).or_default();
-                    *refs = refs.saturating_sub(1);
-                    if *refs == 0 {
-                        self.address_refs.remove(a);
-                        to_unbind.push(*a);
-                    }
+            let old_addresses = old.map(|o| o.addresses.as_slice()).unwrap_or_default();
+            let new_addresses = new
+                .as_ref()
+                .map(|n| n.addresses.as_slice())
+                .unwrap_or_default();
+            for a in old_addresses.iter().filter(|a| !new_addresses.contains(a)) {
+                let refs = self.address_refs.entry(*a).or_default();
+                *refs = refs.saturating_sub(1);
+                if *refs == 0 {
+                    self.address_refs.remove(a);
+                    to_unbind.push(*a);
                 }
             }
-            if let Some(new) = &new {
-                want.extend(new.servers.iter().map(|(k, v)| (*k, v.clone())));
-                for a in &new.addresses {
-                    if old.is_some_and(|o| o.addresses.contains(a)) {
-                        continue;
-                    }
-                    let refs = self.address_refs.entry(*a).or_default();
-                    *refs += 1;
-                    if *refs == 1 {
-                        to_bind.push(*a);
-                    }
+            for a in new_addresses.iter().filter(|a| !old_addresses.contains(a)) {
+                let refs = self.address_refs.entry(*a).or_default();
+                *refs += 1;
+                if *refs == 1 {
+                    to_bind.push(*a);
                 }
             }
-            updates.push((key.clone(), new));
         }
         // An address another Service took over in this same sync stays.
         to_unbind.retain(|a| !self.address_refs.contains_key(a));
@@ -349,6 +362,8 @@ impl IpvsTables {
         if let Some(i) = interface {
             report.addresses += bind(i, to_bind.iter())?;
         }
+        let have = by_key(keys.iter().filter_map(|k| self.applied.get(k)));
+        let want = by_key(updates.iter().filter_map(|(_, new)| new.as_ref()));
         let commands = diff(&have, &want);
         report.commands = commands.len();
         report.bytes = self.sock.apply(&commands)?;
@@ -575,6 +590,10 @@ mod tests {
         );
     }
 
+    fn refs(m: &BTreeMap<VirtualKey, VirtualServer>) -> BTreeMap<VirtualKey, &VirtualServer> {
+        m.iter().map(|(k, v)| (*k, v)).collect()
+    }
+
     #[test]
     fn diff_adds_before_it_removes_and_leaves_the_unchanged_alone() {
         let have = BTreeMap::from([
@@ -587,6 +606,7 @@ mod tests {
             vs(81, &[("10.244.0.1", 1)]),
             vs(83, &[("10.244.0.4", 1)]),
         ]);
+        let (have, want) = (refs(&have), refs(&want));
         let text: Vec<String> = diff(&have, &want).iter().map(|c| c.to_string()).collect();
         assert_eq!(
             text,
@@ -607,7 +627,10 @@ mod tests {
         let mut new = old.clone();
         new.service.scheduler = "sh".into();
         new.reals[0].weight = 0;
-        let cmds = diff(&BTreeMap::from([(key, old)]), &BTreeMap::from([(key, new)]));
+        let cmds = diff(
+            &BTreeMap::from([(key, &old)]),
+            &BTreeMap::from([(key, &new)]),
+        );
         assert!(matches!(cmds[0], Command::UpdateService(ref s) if s.scheduler == "sh"));
         assert!(matches!(cmds[1], Command::UpdateReal(_, ref r) if r.weight == 0));
         assert_eq!(cmds.len(), 2);

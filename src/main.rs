@@ -278,10 +278,7 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
             counters: self.counters,
             masquerade_all: self.masquerade_all,
-            backend: match self.proxy_mode.as_str() {
-                "ipvs" => Backend::Ipvs(IpvsSettings::default()),
-                _ => Backend::Nftables,
-            },
+            backend: backend_named(&self.proxy_mode),
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -350,10 +347,7 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
-                backend: match backend.as_str() {
-                    "ipvs" => Backend::Ipvs(IpvsSettings::default()),
-                    _ => Backend::Nftables,
-                },
+                backend: backend_named(&backend),
                 ..NodeConfig::default()
             },
         })
@@ -407,6 +401,15 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     }
     let settings = config::resolve(&args.flags())?;
     daemon::run(settings, args.once).map(|_| true)
+}
+
+/// `--proxy-mode`/`--backend` of the one-shot commands (clap has checked the
+/// name): the backend with its default settings.
+fn backend_named(mode: &str) -> Backend {
+    match mode {
+        "ipvs" => Backend::Ipvs(IpvsSettings::default()),
+        _ => Backend::Nftables,
+    }
 }
 
 fn cleanup() -> Result<bool, String> {

@@ -556,25 +556,21 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
             ))
         }
     };
-    let ipvs_scheduler = match svc
+    let ipvs_scheduler = svc
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(IPVS_SCHEDULER_ANNOTATION))
-    {
-        Some(s) if crate::netlink::ipvs::SCHEDULERS.contains(&s.as_str()) => Some(s.clone()),
-        Some(s) => {
-            return Err(reject(
+        .cloned();
+    if let Some(s) = &ipvs_scheduler {
+        crate::netlink::ipvs::check_scheduler(s).map_err(|e| {
+            reject(
                 &object,
                 format!("metadata.annotations[{IPVS_SCHEDULER_ANNOTATION}]"),
-                format!(
-                    "{s:?} is not an IPVS scheduler ({})",
-                    crate::netlink::ipvs::SCHEDULERS.join(", ")
-                ),
-            ))
-        }
-        None => None,
-    };
+                e,
+            )
+        })?;
+    }
     let mut svc = Service {
         key,
         cluster_ips,

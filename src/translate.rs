@@ -208,13 +208,8 @@ impl NodeConfig {
             )));
         }
         if let Backend::Ipvs(ipvs) = &self.backend {
-            if !crate::netlink::ipvs::SCHEDULERS.contains(&ipvs.scheduler.as_str()) {
-                return Err(ConfigError(format!(
-                    "--ipvs-scheduler: {:?} is not an IPVS scheduler ({})",
-                    ipvs.scheduler,
-                    crate::netlink::ipvs::SCHEDULERS.join(", ")
-                )));
-            }
+            crate::netlink::ipvs::check_scheduler(&ipvs.scheduler)
+                .map_err(|e| ConfigError(format!("--ipvs-scheduler: {e}")))?;
         }
         Ok(())
     }

@@ -10,8 +10,7 @@
 use super::attr::{ip_from_bytes, AttrWriter, Attrs, ParseError, Payload};
 use super::genl::{put_genl_header, GenlError, GenlSocket, GENL_HDRLEN};
 use super::message::{
-    finish_msg, parse_error, split_messages, NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP,
-    NLM_F_REQUEST,
+    finish_msg, parse_error, split_messages, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use crate::ruleset::Protocol;
 use std::fmt;
@@ -61,6 +60,17 @@ const AF_INET6: u16 = 10;
 pub const SCHEDULERS: &[&str] = &[
     "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh",
 ];
+
+/// `Err` with what is wrong when `name` is not one of `SCHEDULERS`.
+pub fn check_scheduler(name: &str) -> Result<(), String> {
+    if SCHEDULERS.contains(&name) {
+        return Ok(());
+    }
+    Err(format!(
+        "{name:?} is not an IPVS scheduler ({})",
+        SCHEDULERS.join(", ")
+    ))
+}
 
 /// What identifies a virtual service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -414,7 +424,7 @@ impl IpvsSocket {
                 self.rx.clear();
                 self.genl.sock.recv(&mut self.rx, 0)?;
                 for msg in split_messages(&self.rx)? {
-                    if msg.kind == NLMSG_DONE || msg.kind != NLMSG_ERROR {
+                    if msg.kind != NLMSG_ERROR {
                         continue;
                     }
                     let Some(i) = seqs.iter().position(|s| *s == msg.seq) else {
