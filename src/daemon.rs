@@ -16,7 +16,7 @@ use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
 use crate::proxy_health::ProxyHealth;
-use crate::ruleset::{Family, TABLE_NAME};
+use crate::ruleset::{Family, TableId};
 use crate::source::tracker::ChangeTracker;
 use crate::source::{files, kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
@@ -178,7 +178,7 @@ fn watch_drift(tx: mpsc::Sender<Event>) {
         Ok(mut monitor) => {
             std::thread::spawn(move || {
                 let own = std::process::id();
-                while let Ok(change) = monitor.next_foreign_change(TABLE_NAME, own) {
+                while let Ok(change) = monitor.next_foreign_change(TableId::is_ours, own) {
                     if tx.send(Event::Drift(change)).is_err() {
                         return;
                     }

@@ -8,8 +8,8 @@
 //! empty here: the walk shows where a client new to the Service goes.
 
 use crate::ruleset::{
-    Chain, Direction, Element, Family, Field, Hook, KeyValue, Mapped, Protocol, Rule, Stmt, Table,
-    Verdict,
+    Chain, ChainType, Direction, Element, Family, Field, Hook, KeyValue, Mapped, Protocol, Rule,
+    Stmt, Table, Verdict,
 };
 use crate::text;
 use crate::translate::{Ruleset, MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
@@ -123,7 +123,8 @@ pub fn explain(ruleset: &Ruleset, packet: &Packet, local: &[IpAddr]) -> Explanat
     let from_node = local.contains(&packet.saddr);
     let family = Family::of(&packet.daddr);
     let mut paths = Vec::new();
-    let Some(table) = ruleset.table(family) else {
+    let tables: Vec<&Table> = ruleset.of_family(family).collect();
+    let Some(main) = tables.first().copied() else {
         return Explanation {
             packet: packet.clone(),
             from_node,
@@ -134,7 +135,7 @@ pub fn explain(ruleset: &Ruleset, packet: &Packet, local: &[IpAddr]) -> Explanat
     // comes back and is run again with each outcome appended.
     let mut pending: Vec<Vec<bool>> = vec![Vec::new()];
     while let Some(choices) = pending.pop() {
-        let mut walk = Walk::new(table, packet, local, from_node, &choices);
+        let mut walk = Walk::new(&tables, main, packet, local, from_node, &choices);
         match walk.run() {
             Ok(end) => paths.push(Path {
                 share: walk.share,
@@ -179,6 +180,8 @@ enum Flow {
 }
 
 struct Walk<'a> {
+    tables: &'a [&'a Table],
+    /// The table of the chain being run: jumps and lookups stay inside it.
     table: &'a Table,
     local: &'a [IpAddr],
     from_node: bool,
@@ -200,6 +203,7 @@ struct Walk<'a> {
 
 impl<'a> Walk<'a> {
     fn new(
+        tables: &'a [&'a Table],
         table: &'a Table,
         p: &Packet,
         local: &'a [IpAddr],
@@ -207,6 +211,7 @@ impl<'a> Walk<'a> {
         choices: &'a [bool],
     ) -> Walk<'a> {
         Walk {
+            tables,
             table,
             local,
             from_node,
@@ -255,16 +260,24 @@ impl<'a> Walk<'a> {
         })
     }
 
-    /// The base chains of one hook, in priority order.
+    /// The base chains of one hook, of every table, in priority order. Like the
+    /// kernel's NAT hook, once a NAT chain has set up a destination NAT, the
+    /// later NAT chains of the hook (other tables') do not see the connection.
     fn hook(&mut self, hook: Hook) -> Result<Option<End>, Undecided> {
-        let mut chains: Vec<&Chain> = self
-            .table
-            .chains
+        let mut chains: Vec<(&'a Table, &'a Chain)> = self
+            .tables
             .iter()
-            .filter(|c| c.base.is_some_and(|b| b.hook == hook))
+            .flat_map(|t| t.chains.iter().map(move |c| (*t, c)))
+            .filter(|(_, c)| c.base.is_some_and(|b| b.hook == hook))
             .collect();
-        chains.sort_by_key(|c| c.base.map(|b| b.priority));
-        for chain in chains {
+        chains.sort_by_key(|(_, c)| c.base.map(|b| b.priority));
+        let dnat_before = self.dnat;
+        for (table, chain) in chains {
+            let nat = chain.base.is_some_and(|b| b.kind == ChainType::Nat);
+            if nat && self.dnat && !dnat_before {
+                continue;
+            }
+            self.table = table;
             match self.chain(chain, 0)? {
                 Flow::Stop(end) => return Ok(Some(end)),
                 Flow::Continue | Flow::Accept | Flow::Return => {}

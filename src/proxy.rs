@@ -29,10 +29,10 @@ use crate::netlink::lower::{
 };
 use crate::netlink::view::{slots, RuleView, TableView};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
-use crate::ruleset::{Family, TABLE_NAME};
+use crate::ruleset::{Family, Mapped, TableId};
 use crate::translate::{
-    hairpin_element, node_elements, service_rules, skeleton, translate, translate_with_hints,
-    NodeConfig, Ruleset, SlotHints, SlotKey, SET_HAIRPIN,
+    hairpin_element, node_elements, service_rules, skeleton_of, table_ids, translate,
+    translate_with_hints, NodeConfig, Ruleset, SlotHints, SlotKey, SET_HAIRPIN,
 };
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -70,18 +70,24 @@ pub fn lowered(ruleset: &Ruleset) -> Vec<KernelTable> {
 }
 
 /// Programs `ruleset` into the current network namespace, replacing our tables
-/// whole (what `nft -f` of `kube-nft render` does).
+/// whole (what `nft -f` of `kube-nft render` does) and removing any of ours it
+/// does not have.
 pub fn apply(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<Committed, NftError> {
-    let batch = crate::netlink::nftables::replace_tables(&lowered(ruleset));
+    let tables = lowered(ruleset);
+    let unused = all_tables().filter(|id| !tables.iter().any(|t| t.id() == *id));
+    let mut batch = crate::netlink::nftables::delete_tables(unused);
+    crate::netlink::nftables::replace_tables(&mut batch, &tables);
     sock.commit(batch)
+}
+
+/// Every table kube-nft may own, in both families.
+fn all_tables() -> impl Iterator<Item = TableId> {
+    Family::ALL.into_iter().flat_map(TableId::all_of)
 }
 
 /// Removes our tables from the current network namespace, touching nothing else.
 pub fn cleanup(sock: &mut NftSocket) -> Result<Committed, NftError> {
-    sock.commit(crate::netlink::nftables::delete_tables(
-        &Family::ALL,
-        TABLE_NAME,
-    ))
+    sock.commit(crate::netlink::nftables::delete_tables(all_tables()))
 }
 
 /// Reads our tables back and says whether the kernel holds exactly `ruleset`.
@@ -139,20 +145,21 @@ pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
         })
 }
 
-/// What one Service has in one family's table, as last applied.
+/// What one Service has in one family's tables, as last applied. Counters are
+/// in the main table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Applied {
-    chains: Vec<String>,
-    sets: Vec<String>,
+    chains: Vec<(TableId, String)>,
+    sets: Vec<(TableId, String)>,
     counters: Vec<String>,
-    elements: Vec<(&'static str, KernelElement)>,
+    elements: Vec<(TableId, &'static str, KernelElement)>,
     hairpin: Vec<IpAddr>,
 }
 
 /// One Service's rules in one family, lowered to kernel objects.
 struct LoweredService {
-    chains: Vec<KernelChain>,
-    sets: Vec<KernelSet>,
+    chains: Vec<(TableId, KernelChain)>,
+    sets: Vec<(TableId, KernelSet)>,
     counters: Vec<KernelCounter>,
     applied: Applied,
 }
@@ -166,55 +173,60 @@ fn lower_service(
 ) -> Option<LoweredService> {
     let svc = state.services.get(key)?;
     let rules = service_rules(state, svc, family, config, hints);
+    let main = TableId::main(family);
     let elements = rules
         .elements
         .iter()
-        .map(|(set, e)| (*set, lower_element(e)))
+        .map(|(set, e)| (rules.home(set), *set, lower_element(e)))
+        .collect();
+    let chains: Vec<(TableId, KernelChain)> = rules
+        .chains
+        .iter()
+        .map(|c| (rules.table, c))
+        .chain(rules.main_chains.iter().map(|c| (main, c)))
+        .map(|(t, c)| (t, lower_chain(family, c)))
         .collect();
     Some(LoweredService {
-        sets: rules.sets.iter().map(lower_set).collect(),
+        sets: rules
+            .sets
+            .iter()
+            .map(|s| (rules.table, lower_set(s)))
+            .collect(),
         counters: rules.counters.iter().map(lower_counter).collect(),
         applied: Applied {
-            chains: rules.chains.iter().map(|c| c.name.clone()).collect(),
-            sets: rules.sets.iter().map(|s| s.name.clone()).collect(),
+            chains: chains.iter().map(|(t, c)| (*t, c.name.clone())).collect(),
+            sets: rules
+                .sets
+                .iter()
+                .map(|s| (rules.table, s.name.clone()))
+                .collect(),
             counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
             elements,
             hairpin: rules.hairpin.clone(),
         },
-        chains: rules
-            .chains
-            .iter()
-            .map(|c| lower_chain(family, c))
-            .collect(),
+        chains,
     })
 }
 
-struct ViewHints<'a>(&'a [Option<TableView>; 2]);
+/// Our tables as the kernel holds them.
+type Views = HashMap<TableId, TableView>;
+
+struct ViewHints<'a>(&'a Views);
 
 impl SlotHints for ViewHints<'_> {
-    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>> {
-        self.0[family_index(family)]
-            .as_ref()?
-            .chain(chain)
-            .map(|c| slots(&c.rules))
+    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        self.0.get(&table)?.chain(chain).map(|c| slots(&c.rules))
     }
 }
 
-/// Chains re-read from the kernel for a partial sync, by family and name.
-struct ChainHints(HashMap<(Family, String), Vec<RuleView>>);
+/// Chains re-read from the kernel for a partial sync, by table and name.
+struct ChainHints(HashMap<(TableId, String), Vec<RuleView>>);
 
 impl SlotHints for ChainHints {
-    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>> {
+    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
         self.0
-            .get(&(family, chain.to_string()))
+            .get(&(table, chain.to_string()))
             .map(|rules| slots(rules))
-    }
-}
-
-fn family_index(f: Family) -> usize {
-    match f {
-        Family::Ip => 0,
-        Family::Ip6 => 1,
     }
 }
 
@@ -448,52 +460,78 @@ impl Proxier {
         let mut applied = HashMap::new();
         let mut hairpin_refs = HashMap::new();
         let hints = ViewHints(&views);
+        let mut rebuilt: Option<Ruleset> = None;
         for family in Family::ALL {
-            let view = views[family_index(family)].as_ref();
-            let skeleton = lower_table(&skeleton(family, &self.config));
-            let mut rebuild = !plan_skeleton(&mut plan, family, &skeleton, view);
-            let mut wanted_chains: BTreeSet<String> =
-                skeleton.chains.iter().map(|c| c.name.clone()).collect();
-            let mut wanted_sets: BTreeSet<String> =
-                skeleton.sets.iter().map(|s| s.name.clone()).collect();
+            let ids = table_ids(family, &self.config);
+            for stale in TableId::all_of(family).filter(|t| !ids.contains(t)) {
+                if views.contains_key(&stale) {
+                    plan.delete_table(stale);
+                }
+            }
+            let skeletons: Vec<(TableId, KernelTable)> = ids
+                .iter()
+                .map(|id| (*id, lower_table(&skeleton_of(*id, &self.config))))
+                .collect();
+            let mut rebuild: BTreeSet<TableId> = BTreeSet::new();
+            let mut wanted_chains: BTreeSet<(TableId, String)> = BTreeSet::new();
+            let mut wanted_sets: BTreeSet<(TableId, String)> = BTreeSet::new();
+            for (id, skeleton) in &skeletons {
+                if !plan_skeleton(&mut plan, *id, skeleton, views.get(id)) {
+                    rebuild.insert(*id);
+                }
+                wanted_chains.extend(skeleton.chains.iter().map(|c| (*id, c.name.clone())));
+                wanted_sets.extend(skeleton.sets.iter().map(|s| (*id, s.name.clone())));
+            }
+            let main = TableId::main(family);
             let mut wanted_counters = BTreeSet::new();
-            let mut wanted_elements: HashMap<&'static str, HashMap<Vec<u8>, KernelElement>> =
+            let mut wanted_elements: HashMap<(TableId, &str), HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
             for (set, e) in node_elements(&self.state, &self.config, family) {
                 let e = lower_element(&e);
-                wanted_elements
-                    .entry(set)
-                    .or_default()
-                    .insert(e.key.clone(), e);
+                for id in &ids {
+                    wanted_elements
+                        .entry((*id, set))
+                        .or_default()
+                        .insert(e.key.clone(), e.clone());
+                }
             }
             for key in self.state.services.keys() {
                 let Some(svc) = lower_service(&self.state, key, family, &self.config, &hints)
                 else {
                     continue;
                 };
+                let main_view = views.get(&main);
                 for c in svc.counters {
                     if wanted_counters.insert(c.name.clone()) {
-                        match view.and_then(|v| v.counters.get(&c.name)) {
-                            None => plan.add_counter(family, c),
-                            Some(have) => rebuild |= *have != c,
+                        match main_view.and_then(|v| v.counters.get(&c.name)) {
+                            None => plan.add_counter(main, c),
+                            Some(have) if *have != c => {
+                                rebuild.insert(main);
+                            }
+                            Some(_) => {}
                         }
                     }
                 }
-                for set in svc.sets {
-                    if wanted_sets.insert(set.name.clone()) {
-                        match view.and_then(|v| v.set(&set.name)) {
-                            None => plan.add_set(family, set),
-                            Some(have) => rebuild |= !same_set_def(&have.def, &set),
+                for (id, set) in svc.sets {
+                    if wanted_sets.insert((id, set.name.clone())) {
+                        match views.get(&id).and_then(|v| v.set(&set.name)) {
+                            None => plan.add_set(id, set),
+                            Some(have) if !same_set_def(&have.def, &set) => {
+                                rebuild.insert(id);
+                            }
+                            Some(_) => {}
                         }
                     }
                 }
-                for chain in svc.chains {
-                    wanted_chains.insert(chain.name.clone());
-                    rebuild |= !plan_chain(&mut plan, family, chain, view);
+                for (id, chain) in svc.chains {
+                    wanted_chains.insert((id, chain.name.clone()));
+                    if !plan_chain(&mut plan, id, chain, views.get(&id)) {
+                        rebuild.insert(id);
+                    }
                 }
-                for (set, e) in &svc.applied.elements {
+                for (id, set, e) in &svc.applied.elements {
                     wanted_elements
-                        .entry(set)
+                        .entry((*id, set))
                         .or_default()
                         .entry(e.key.clone())
                         .or_insert_with(|| e.clone());
@@ -503,36 +541,52 @@ impl Proxier {
                 }
                 applied.insert((key.clone(), family), svc.applied);
             }
-            let hairpin = wanted_elements.entry(SET_HAIRPIN).or_default();
+            let hairpin = wanted_elements.entry((main, SET_HAIRPIN)).or_default();
             for (f, a) in hairpin_refs.keys() {
                 if *f == family {
                     let e = lower_element(&hairpin_element(*a));
                     hairpin.insert(e.key.clone(), e);
                 }
             }
-            for set in &skeleton.sets {
-                let have = view.and_then(|v| v.set(&set.name)).map(|s| &s.elements);
-                let want = wanted_elements
-                    .remove(set.name.as_str())
-                    .unwrap_or_default();
-                plan_elements(&mut plan, family, &set.name, have, want);
+            for (id, skeleton) in &skeletons {
+                let view = views.get(id);
+                for set in &skeleton.sets {
+                    let have = view.and_then(|v| v.set(&set.name)).map(|s| &s.elements);
+                    let want = wanted_elements
+                        .remove(&(*id, set.name.as_str()))
+                        .unwrap_or_default();
+                    plan_elements(&mut plan, *id, &set.name, have, want);
+                }
+                let Some(v) = view else { continue };
+                let unwanted_sets = v
+                    .sets
+                    .iter()
+                    .filter(|s| !wanted_sets.contains(&(*id, s.def.name.clone())));
+                for s in unwanted_sets {
+                    // Its verdict elements hold the chains they point to.
+                    let verdict = |e: &&KernelElement| matches!(e.data, Some(Mapped::Verdict(_)));
+                    for e in s.elements.values().filter(verdict) {
+                        plan.delete_element(*id, &s.def.name, e.clone());
+                    }
+                    plan.delete_set(*id, &s.def.name);
+                }
+                for c in v
+                    .chains
+                    .iter()
+                    .filter(|c| !wanted_chains.contains(&(*id, c.name.clone())))
+                {
+                    plan.delete_chain(*id, &c.name);
+                }
+                if *id == main {
+                    for name in v.counters.keys().filter(|n| !wanted_counters.contains(*n)) {
+                        plan.delete_counter(main, name);
+                    }
+                }
             }
-            if let Some(v) = view {
-                for c in v.chains.iter().filter(|c| !wanted_chains.contains(&c.name)) {
-                    plan.delete_chain(family, &c.name);
-                }
-                for s in v.sets.iter().filter(|s| !wanted_sets.contains(&s.def.name)) {
-                    plan.delete_set(family, &s.def.name);
-                }
-                for name in v.counters.keys().filter(|n| !wanted_counters.contains(*n)) {
-                    plan.delete_counter(family, name);
-                }
-            }
-            if rebuild {
-                let ruleset = translate_with_hints(&self.state, &self.config, &hints);
-                plan.rebuild(lower_table(
-                    ruleset.table(family).expect("a table per family"),
-                ));
+            for id in rebuild {
+                let ruleset = rebuilt
+                    .get_or_insert_with(|| translate_with_hints(&self.state, &self.config, &hints));
+                plan.rebuild(lower_table(ruleset.get(id).expect("a table per id")));
             }
         }
         let committed = self.commit(plan)?;
@@ -549,14 +603,14 @@ impl Proxier {
         let mut kernel = HashMap::new();
         for key in &dirty {
             for family in Family::ALL {
-                for chain in self
+                for (table, chain) in self
                     .applied
                     .get(&(key.clone(), family))
                     .map(|a| a.chains.as_slice())
                     .unwrap_or_default()
                 {
-                    let rules = self.sock.read_chain_rules(family, TABLE_NAME, chain)?;
-                    kernel.insert((family, chain.clone()), rules);
+                    let rules = self.sock.read_chain_rules(family, table.name(), chain)?;
+                    kernel.insert((*table, chain.clone()), rules);
                 }
             }
         }
@@ -566,6 +620,7 @@ impl Proxier {
         let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
         for key in &dirty {
             for family in Family::ALL {
+                let main = TableId::main(family);
                 let old = self
                     .applied
                     .get(&(key.clone(), family))
@@ -580,36 +635,39 @@ impl Proxier {
                     .into_iter()
                     .filter(|c| !old.counters.contains(&c.name))
                 {
-                    plan.add_counter(family, c);
+                    plan.add_counter(main, c);
                 }
                 for c in old
                     .counters
                     .iter()
                     .filter(|c| !new_applied.counters.contains(c))
                 {
-                    plan.delete_counter(family, c);
+                    plan.delete_counter(main, c);
                 }
-                for set in sets.into_iter().filter(|s| !old.sets.contains(&s.name)) {
-                    plan.add_set(family, set);
-                }
-                for s in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
-                    plan.delete_set(family, s);
-                }
-                for chain in chains {
-                    match hints.0.get(&(family, chain.name.clone())) {
-                        Some(rules) if old.chains.contains(&chain.name) => {
-                            plan.rules(family, &chain.name, diff_rules(rules, &chain.rules))
-                        }
-                        _ => plan.add_chain(family, chain),
+                for (id, set) in sets {
+                    if !old.sets.contains(&(id, set.name.clone())) {
+                        plan.add_set(id, set);
                     }
                 }
-                diff_service_elements(&mut plan, family, &old.elements, &new_applied.elements);
-                for c in old
+                for (id, s) in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
+                    plan.delete_set(*id, s);
+                }
+                for (id, chain) in chains {
+                    let at = (id, chain.name.clone());
+                    match hints.0.get(&at) {
+                        Some(rules) if old.chains.contains(&at) => {
+                            plan.rules(id, &chain.name, diff_rules(rules, &chain.rules))
+                        }
+                        _ => plan.add_chain(id, chain),
+                    }
+                }
+                diff_service_elements(&mut plan, &old.elements, &new_applied.elements);
+                for (id, c) in old
                     .chains
                     .iter()
                     .filter(|c| !new_applied.chains.contains(c))
                 {
-                    plan.delete_chain(family, c);
+                    plan.delete_chain(*id, c);
                 }
                 for a in &old.hairpin {
                     *hairpin_delta.entry((family, *a)).or_insert(0) -= 1;
@@ -625,9 +683,10 @@ impl Proxier {
             let before = self.hairpin_refs.get(&(family, addr)).copied().unwrap_or(0);
             let after = (before as isize + delta).max(0) as usize;
             let e = lower_element(&hairpin_element(addr));
+            let main = TableId::main(family);
             match (before, after) {
-                (0, n) if n > 0 => plan.add_element(family, SET_HAIRPIN, e),
-                (n, 0) if n > 0 => plan.delete_element(family, SET_HAIRPIN, e),
+                (0, n) if n > 0 => plan.add_element(main, SET_HAIRPIN, e),
+                (n, 0) if n > 0 => plan.delete_element(main, SET_HAIRPIN, e),
                 _ => {}
             }
             new_refs.push(((family, addr), after));
@@ -667,12 +726,15 @@ impl Proxier {
         kernel_matches(&mut self.sock, &want)
     }
 
-    /// Our tables as the kernel holds them, indexed by `family_index`.
-    fn read_views(&mut self) -> Result<[Option<TableView>; 2], NftError> {
-        Ok([
-            self.sock.read_view(Family::Ip, TABLE_NAME)?,
-            self.sock.read_view(Family::Ip6, TABLE_NAME)?,
-        ])
+    /// Every table of ours the kernel has (wanted or not).
+    fn read_views(&mut self) -> Result<Views, NftError> {
+        let mut views = HashMap::new();
+        for id in all_tables() {
+            if let Some(v) = self.sock.read_view(id.family, id.name())? {
+                views.insert(id, v);
+            }
+        }
+        Ok(views)
     }
 
     fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
@@ -690,19 +752,19 @@ impl Proxier {
 /// cannot be patched in place (then the table is rebuilt).
 fn plan_skeleton(
     plan: &mut Plan,
-    family: Family,
+    table: TableId,
     skeleton: &KernelTable,
     view: Option<&TableView>,
 ) -> bool {
     let Some(v) = view else {
-        plan.add_table(family, skeleton.userdata.clone());
+        plan.add_table(table, skeleton.userdata.clone());
         for s in &skeleton.sets {
             let mut def = s.clone();
             def.elements.clear();
-            plan.add_set(family, def);
+            plan.add_set(table, def);
         }
         for c in &skeleton.chains {
-            plan.add_chain(family, c.clone());
+            plan.add_chain(table, c.clone());
         }
         return true;
     };
@@ -718,7 +780,7 @@ fn plan_skeleton(
     skeleton
         .chains
         .iter()
-        .all(|c| plan_chain(plan, family, c.clone(), view))
+        .all(|c| plan_chain(plan, table, c.clone(), view))
 }
 
 /// The same set definition (elements aside).
@@ -734,19 +796,19 @@ fn same_set_def(have: &KernelSet, want: &KernelSet) -> bool {
 /// Plans one chain against the kernel's; false if it must be rebuilt.
 fn plan_chain(
     plan: &mut Plan,
-    family: Family,
+    table: TableId,
     chain: KernelChain,
     view: Option<&TableView>,
 ) -> bool {
     match view.and_then(|v| v.chain(&chain.name)) {
         None => {
-            plan.add_chain(family, chain);
+            plan.add_chain(table, chain);
             true
         }
         Some(have) if have.base != chain.base || have.userdata != chain.userdata => false,
         Some(have) => {
             let ops = diff_rules(&have.rules, &chain.rules);
-            plan.rules(family, &chain.name, ops);
+            plan.rules(table, &chain.name, ops);
             true
         }
     }
@@ -754,7 +816,7 @@ fn plan_chain(
 
 fn plan_elements(
     plan: &mut Plan,
-    family: Family,
+    table: TableId,
     set: &str,
     have: Option<&HashMap<Vec<u8>, KernelElement>>,
     want: HashMap<Vec<u8>, KernelElement>,
@@ -764,30 +826,29 @@ fn plan_elements(
     for (key, old) in have {
         match want.get(key) {
             Some(new) if new == old => {}
-            _ => plan.delete_element(family, set, old.clone()),
+            _ => plan.delete_element(table, set, old.clone()),
         }
     }
     for (key, new) in want {
         if have.get(&key) != Some(&new) {
-            plan.add_element(family, set, new);
+            plan.add_element(table, set, new);
         }
     }
 }
 
 fn diff_service_elements(
     plan: &mut Plan,
-    family: Family,
-    old: &[(&'static str, KernelElement)],
-    new: &[(&'static str, KernelElement)],
+    old: &[(TableId, &'static str, KernelElement)],
+    new: &[(TableId, &'static str, KernelElement)],
 ) {
-    for (set, e) in old {
-        if !new.iter().any(|(s, n)| s == set && n == e) {
-            plan.delete_element(family, set, e.clone());
+    for (table, set, e) in old {
+        if !new.iter().any(|(t, s, n)| t == table && s == set && n == e) {
+            plan.delete_element(*table, set, e.clone());
         }
     }
-    for (set, e) in new {
-        if !old.iter().any(|(s, o)| s == set && o == e) {
-            plan.add_element(family, set, e.clone());
+    for (table, set, e) in new {
+        if !old.iter().any(|(t, s, o)| t == table && s == set && o == e) {
+            plan.add_element(*table, set, e.clone());
         }
     }
 }

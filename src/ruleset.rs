@@ -9,8 +9,90 @@ use ipnet::IpNet;
 use std::fmt;
 use std::net::IpAddr;
 
-/// The name of every table kube-nft owns, one per family.
+/// The name of kube-nft's main table, one per family: everything but the
+/// Service port chains.
 pub const TABLE_NAME: &str = "kube-nft";
+
+/// How many tables per family share the Service port chains (see `TableId`).
+pub const SERVICE_SHARDS: u16 = 16;
+
+/// The names of the Service tables, `kube-nft-services-NN`.
+const SHARD_NAMES: [&str; SERVICE_SHARDS as usize] = [
+    "kube-nft-services-00",
+    "kube-nft-services-01",
+    "kube-nft-services-02",
+    "kube-nft-services-03",
+    "kube-nft-services-04",
+    "kube-nft-services-05",
+    "kube-nft-services-06",
+    "kube-nft-services-07",
+    "kube-nft-services-08",
+    "kube-nft-services-09",
+    "kube-nft-services-10",
+    "kube-nft-services-11",
+    "kube-nft-services-12",
+    "kube-nft-services-13",
+    "kube-nft-services-14",
+    "kube-nft-services-15",
+];
+
+/// One of the tables kube-nft owns: the main table of a family, or one of its
+/// Service tables. The Service port chains are spread over `SERVICE_SHARDS`
+/// tables because the kernel validates a whole table (every chain reachable from
+/// its base chains) in any commit that adds a rule with a NAT or verdict
+/// statement: spread out, an endpoint change validates one shard, not every
+/// Service (docs/DESIGN.md, "Kernel scaling traps").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableId {
+    pub family: Family,
+    /// `None` for the main table.
+    pub shard: Option<u16>,
+}
+
+impl TableId {
+    pub fn main(family: Family) -> TableId {
+        TableId {
+            family,
+            shard: None,
+        }
+    }
+
+    pub fn shard(family: Family, shard: u16) -> TableId {
+        TableId {
+            family,
+            shard: Some(shard % SERVICE_SHARDS),
+        }
+    }
+
+    /// The main table, then the Service tables.
+    pub fn all_of(family: Family) -> impl Iterator<Item = TableId> {
+        std::iter::once(TableId::main(family))
+            .chain((0..SERVICE_SHARDS).map(move |n| TableId::shard(family, n)))
+    }
+
+    pub fn name(self) -> &'static str {
+        match self.shard {
+            None => TABLE_NAME,
+            Some(n) => SHARD_NAMES[n as usize],
+        }
+    }
+
+    /// The table of this family with this name, if it is one of ours.
+    pub fn named(family: Family, name: &str) -> Option<TableId> {
+        TableId::all_of(family).find(|t| t.name() == name)
+    }
+
+    /// Whether a table of this name (in either family) is one of ours.
+    pub fn is_ours(name: &str) -> bool {
+        TableId::named(Family::Ip, name).is_some()
+    }
+}
+
+impl fmt::Display for TableId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.family.keyword(), self.name())
+    }
+}
 
 /// The size `nft` gives a dynamic set (the kernel's default would be unbounded).
 pub const DYNAMIC_SET_SIZE: u32 = 65535;
@@ -115,6 +197,10 @@ pub struct NamedCounter {
 }
 
 impl Table {
+    pub fn id(&self) -> TableId {
+        TableId::named(self.family, &self.name).expect("one of our tables")
+    }
+
     pub fn chain(&self, name: &str) -> Option<&Chain> {
         self.chains.iter().find(|c| c.name == name)
     }

@@ -6,6 +6,9 @@
 //! the kernel's scaling traps avoided (see docs/DESIGN.md): the number of sets, and
 //! of rules bound to any one set, does not grow with the number of Services.
 //! - `service-ips` dispatches `daddr . l4proto . dport` to one chain per Service port.
+//!   The port chains and the dispatch maps are spread over `SERVICE_SHARDS` Service
+//!   tables by a hash of the Service's name (see `ruleset::TableId`); the main table
+//!   keeps everything else.
 //! - Each Service port chain picks an endpoint with a `numgen` cascade: rule k of n
 //!   matches with probability 1/(n-k), so every endpoint gets exactly 1/n.
 //! - Masquerade is a mark (kube-proxy's 0x4000 by default) set in the dispatch
@@ -16,7 +19,8 @@
 use crate::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
 use crate::ruleset::{
     clamp_comment, BaseChain, Chain, ChainType, Direction, Element, Family, Field, Hook, KeyType,
-    KeyValue, MapData, Mapped, NamedCounter, Rule, Set, Stmt, Table, Verdict, TABLE_NAME,
+    KeyValue, MapData, Mapped, NamedCounter, Rule, Set, Stmt, Table, TableId, Verdict,
+    SERVICE_SHARDS, TABLE_NAME,
 };
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
@@ -243,15 +247,44 @@ impl NodeConfig {
     }
 }
 
-/// The desired state: one table per family.
+/// The desired state: per family, the main table and (nftables backend) the
+/// Service tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ruleset {
     pub tables: Vec<Table>,
 }
 
 impl Ruleset {
+    /// The main table of a family.
     pub fn table(&self, family: Family) -> Option<&Table> {
-        self.tables.iter().find(|t| t.family == family)
+        self.get(TableId::main(family))
+    }
+
+    pub fn get(&self, id: TableId) -> Option<&Table> {
+        self.tables
+            .iter()
+            .find(|t| t.family == id.family && t.name == id.name())
+    }
+
+    /// The tables of one family, main first.
+    pub fn of_family(&self, family: Family) -> impl Iterator<Item = &Table> {
+        self.tables.iter().filter(move |t| t.family == family)
+    }
+}
+
+/// The Service table that holds a Service's port chains, by a stable hash of
+/// its namespace and name (both families use the same number).
+pub fn shard_of(key: &crate::model::ServiceKey) -> u16 {
+    (fnv1a(format!("{}/{}", key.namespace, key.name).as_bytes()) % SERVICE_SHARDS as u64) as u16
+}
+
+/// The tables a family has under these settings: the main one, and the Service
+/// tables unless IPVS (which has no Service chains) is the backend.
+pub fn table_ids(family: Family, config: &NodeConfig) -> Vec<TableId> {
+    if config.backend.is_ipvs() {
+        vec![TableId::main(family)]
+    } else {
+        TableId::all_of(family).collect()
     }
 }
 
@@ -503,12 +536,6 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
             },
             Stmt::MarkOr(mark),
         ]));
-    } else {
-        services.push(Rule::new(vec![vmap(&DISPATCH_KEY, MAP_SERVICE_IPS)]));
-        services.push(Rule::new(vec![
-            in_set(Field::Daddr, SET_NODEPORT_IPS),
-            vmap(&NODEPORT_KEY, MAP_SERVICE_NODEPORTS),
-        ]));
     }
 
     let mut cluster_ips_check = vec![
@@ -556,18 +583,6 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 vec![addr],
                 None,
                 "this node's addresses that accept NodePort traffic",
-            ),
-            set(
-                MAP_SERVICE_IPS,
-                dispatch_key.clone(),
-                Some(MapData::Verdict),
-                "ClusterIP, external IP or load balancer IP . protocol . port: the Service port's chain",
-            ),
-            set(
-                MAP_SERVICE_NODEPORTS,
-                nodeport_key.clone(),
-                Some(MapData::Verdict),
-                "protocol . NodePort: the Service port's external chain",
             ),
             set(
                 MAP_NO_ENDPOINT_SERVICES,
@@ -679,7 +694,10 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
             regular(CHAIN_SERVICES, services),
             regular(
                 CHAIN_SERVICE_ENDPOINTS_CHECK,
-                vec![Rule::new(vec![vmap(&DISPATCH_KEY, MAP_NO_ENDPOINT_SERVICES)])],
+                vec![Rule::new(vec![vmap(
+                    &DISPATCH_KEY,
+                    MAP_NO_ENDPOINT_SERVICES,
+                )])],
             ),
             regular(
                 CHAIN_NODEPORT_ENDPOINTS_CHECK,
@@ -713,6 +731,89 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
     table
 }
 
+/// NAT priority of the Service tables: just after the main table's NAT chains,
+/// which mark traffic to ClusterIPs for masquerading before any DNAT.
+const SERVICE_TABLE_NAT_PRIORITY: i32 = -99;
+
+/// One Service table: its share of the dispatch maps and the port chains they
+/// lead to. The kernel's NAT hook runs the NAT chains of every table in priority
+/// order and stops at the first one that sets up a binding; a Service is in one
+/// table only, so at most one table DNATs a connection.
+pub fn service_table_skeleton(id: TableId) -> Table {
+    let family = id.family;
+    let addr = family.addr_type();
+    let vmap = |fields: &[Field], map: &str| Stmt::Vmap {
+        fields: fields.to_vec(),
+        map: map.into(),
+    };
+    let enter = || vec![Rule::new(vec![jump(CHAIN_SERVICES)])];
+    Table {
+        family,
+        name: id.name().to_string(),
+        comment: Some(format!(
+            "kube-nft: port chains of 1/{SERVICE_SHARDS} of the Services, by name hash (managed by kube-nft, do not edit)"
+        )),
+        counters: Vec::new(),
+        sets: vec![
+            set(
+                SET_NODEPORT_IPS,
+                vec![addr],
+                None,
+                "this node's addresses that accept NodePort traffic",
+            ),
+            set(
+                MAP_SERVICE_IPS,
+                vec![addr, KeyType::InetProto, KeyType::InetService],
+                Some(MapData::Verdict),
+                "ClusterIP, external IP or load balancer IP . protocol . port: the Service port's chain",
+            ),
+            set(
+                MAP_SERVICE_NODEPORTS,
+                vec![KeyType::InetProto, KeyType::InetService],
+                Some(MapData::Verdict),
+                "protocol . NodePort: the Service port's external chain",
+            ),
+        ],
+        chains: vec![
+            base(
+                "nat-prerouting",
+                ChainType::Nat,
+                Hook::Prerouting,
+                SERVICE_TABLE_NAT_PRIORITY,
+                enter(),
+            ),
+            base(
+                "nat-output",
+                ChainType::Nat,
+                Hook::Output,
+                SERVICE_TABLE_NAT_PRIORITY,
+                enter(),
+            ),
+            regular(
+                CHAIN_SERVICES,
+                vec![
+                    Rule::new(vec![vmap(&DISPATCH_KEY, MAP_SERVICE_IPS)]),
+                    Rule::new(vec![
+                        Stmt::InSet {
+                            fields: vec![Field::Daddr],
+                            set: SET_NODEPORT_IPS.into(),
+                        },
+                        vmap(&NODEPORT_KEY, MAP_SERVICE_NODEPORTS),
+                    ]),
+                ],
+            ),
+        ],
+    }
+}
+
+/// The static part of any of our tables.
+pub fn skeleton_of(id: TableId, config: &NodeConfig) -> Table {
+    match id.shard {
+        None => skeleton(id.family, config),
+        Some(_) => service_table_skeleton(id),
+    }
+}
+
 /// The IPVS backend's table: no dispatch maps (IPVS picks endpoints), but the
 /// sets that say which Service ports IPVS serves and which external traffic is
 /// masqueraded. Service addresses are local (on `kube-ipvs0`), so filter-input
@@ -721,9 +822,6 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
 fn adapt_for_ipvs(table: &mut Table) {
     let addr = table.family.addr_type();
     let dispatch_key = vec![addr, KeyType::InetProto, KeyType::InetService];
-    table
-        .sets
-        .retain(|s| s.name != MAP_SERVICE_IPS && s.name != MAP_SERVICE_NODEPORTS);
     let at = 2; // after cluster-ips and nodeport-ips
     table.sets.splice(
         at..at,
@@ -846,14 +944,14 @@ pub type SlotKey = (IpAddr, u16);
 /// Where the kernel's cascade currently has each endpoint of a chain, by slot
 /// (slot 0 = the last rule); `None` for a chain it does not have.
 pub trait SlotHints {
-    fn slots(&self, family: Family, chain: &str) -> Option<Vec<SlotKey>>;
+    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>>;
 }
 
 /// No hints: a ruleset computed from scratch (render, a cold start).
 pub struct NoHints;
 
 impl SlotHints for NoHints {
-    fn slots(&self, _: Family, _: &str) -> Option<Vec<SlotKey>> {
+    fn slots(&self, _: TableId, _: &str) -> Option<Vec<SlotKey>> {
         None
     }
 }
@@ -982,18 +1080,51 @@ fn service_port_chain(
     }
 }
 
-/// What one Service contributes to one family's table.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// What one Service contributes to one family's tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceRules {
+    /// The Service table that holds this Service's port chains, its dispatch
+    /// elements and its sets (the main table with the IPVS backend).
+    pub table: TableId,
+    /// Chains in `table`.
     pub chains: Vec<Chain>,
-    /// Sets of this Service alone (session affinity), created and deleted with it.
+    /// Chains in the main table: the source-range firewall, which the filter
+    /// hooks reach.
+    pub main_chains: Vec<Chain>,
+    /// Sets of this Service alone (session affinity), in `table`, created and
+    /// deleted with it.
     pub sets: Vec<Set>,
-    /// Elements, with the name of the set or map they belong to.
+    /// Elements, with the name of the set or map they belong to (in the table
+    /// `home` says).
     pub elements: Vec<(&'static str, Element)>,
     /// Endpoints that need a hairpin element (shared between Services).
     pub hairpin: Vec<IpAddr>,
     /// One per Service port with `--counters`.
     pub counters: Vec<NamedCounter>,
+}
+
+impl ServiceRules {
+    fn new(table: TableId) -> ServiceRules {
+        ServiceRules {
+            table,
+            chains: Vec::new(),
+            main_chains: Vec::new(),
+            sets: Vec::new(),
+            elements: Vec::new(),
+            hairpin: Vec::new(),
+            counters: Vec::new(),
+        }
+    }
+
+    /// The table whose set or map `set` this Service's element belongs to: the
+    /// dispatch maps are in its Service table, every other set in the main one.
+    pub fn home(&self, set: &str) -> TableId {
+        if set == MAP_SERVICE_IPS || set == MAP_SERVICE_NODEPORTS {
+            self.table
+        } else {
+            TableId::main(self.table.family)
+        }
+    }
 }
 
 fn element(key: Vec<KeyValue>, verdict: Option<Verdict>, comment: &str) -> Element {
@@ -1152,7 +1283,11 @@ pub fn service_rules(
     config: &NodeConfig,
     hints: &dyn SlotHints,
 ) -> ServiceRules {
-    let mut out = ServiceRules::default();
+    let mut out = ServiceRules::new(if config.backend.is_ipvs() {
+        TableId::main(family)
+    } else {
+        TableId::shard(family, shard_of(&svc.key))
+    });
     let Some(vip) = svc.cluster_ip_of(family) else {
         return out;
     };
@@ -1180,7 +1315,8 @@ pub fn service_rules(
             "firewall",
             &format!("{}/{}", svc.key.namespace, svc.key.name),
         );
-        out.chains.push(firewall_chain(name.clone(), svc, &ranges));
+        out.main_chains
+            .push(firewall_chain(name.clone(), svc, &ranges));
         name
     });
     for port in &svc.ports {
@@ -1208,7 +1344,7 @@ pub fn service_rules(
             if ipvs {
                 return Some(name);
             }
-            let slots = assign_slots(hints.slots(family, &name), chosen);
+            let slots = assign_slots(hints.slots(out.table, &name), chosen);
             if let Some(a) = &affinity {
                 for ep in chosen {
                     let set = a.set(family, ep);
@@ -1384,43 +1520,58 @@ pub fn hairpin_element(addr: IpAddr) -> Element {
     }
 }
 
-fn table_for(
+/// The tables of one family.
+fn tables_for(
     state: &ClusterState,
     config: &NodeConfig,
     family: Family,
     hints: &dyn SlotHints,
-) -> Table {
-    let mut table = skeleton(family, config);
-    let mut elements: BTreeMap<&str, Vec<Element>> = BTreeMap::new();
+) -> Vec<Table> {
+    let ids = table_ids(family, config);
+    let mut tables: Vec<Table> = ids.iter().map(|id| skeleton_of(*id, config)).collect();
+    let index = |id: TableId| {
+        ids.iter()
+            .position(|t| *t == id)
+            .expect("one of our tables")
+    };
+    let mut elements: BTreeMap<(usize, &str), Vec<Element>> = BTreeMap::new();
     let mut hairpin = BTreeSet::new();
     for (set, e) in node_elements(state, config, family) {
-        elements.entry(set).or_default().push(e);
+        // Every table that dispatches NodePorts has its own copy of the addresses.
+        for i in 0..ids.len() {
+            elements.entry((i, set)).or_default().push(e.clone());
+        }
     }
     for svc in state.services.values() {
         let rules = service_rules(state, svc, family, config, hints);
-        for (set, e) in rules.elements {
-            elements.entry(set).or_default().push(e);
+        let (main, own) = (index(TableId::main(family)), index(rules.table));
+        for (set, e) in &rules.elements {
+            elements
+                .entry((index(rules.home(set)), set))
+                .or_default()
+                .push(e.clone());
         }
         hairpin.extend(rules.hairpin);
-        table.chains.extend(rules.chains);
-        table.sets.extend(rules.sets);
-        table.counters.extend(rules.counters);
+        tables[own].chains.extend(rules.chains);
+        tables[own].sets.extend(rules.sets);
+        tables[main].chains.extend(rules.main_chains);
+        tables[main].counters.extend(rules.counters);
     }
     elements.insert(
-        SET_HAIRPIN,
+        (index(TableId::main(family)), SET_HAIRPIN),
         hairpin.into_iter().map(hairpin_element).collect(),
     );
-    for (name, mut els) in elements {
+    for ((i, name), mut els) in elements {
         els.sort_by(|a, b| a.key.cmp(&b.key));
         els.dedup_by(|a, b| a.key == b.key);
-        if let Some(s) = table.sets.iter_mut().find(|s| s.name == name) {
+        if let Some(s) = tables[i].sets.iter_mut().find(|s| s.name == name) {
             s.elements = els;
         }
     }
-    table
+    tables
 }
 
-/// The whole desired ruleset: a table for IPv4 and one for IPv6.
+/// The whole desired ruleset: the tables for IPv4, then those for IPv6.
 pub fn translate(state: &ClusterState, config: &NodeConfig) -> Ruleset {
     translate_with_hints(state, config, &NoHints)
 }
@@ -1434,7 +1585,7 @@ pub fn translate_with_hints(
     Ruleset {
         tables: Family::ALL
             .iter()
-            .map(|f| table_for(state, config, *f, hints))
+            .flat_map(|f| tables_for(state, config, *f, hints))
             .collect(),
     }
 }
@@ -1513,10 +1664,11 @@ mod tests {
         terminating: true,
     };
 
-    /// The one Service port chain of a table built from one single-port Service.
-    fn service_chain(t: &Table) -> &Chain {
-        t.chains
-            .iter()
+    /// The one Service port chain of a family in a ruleset built from one
+    /// single-port Service (in whichever Service table holds it).
+    fn service_chain(rs: &Ruleset, family: Family) -> &Chain {
+        rs.of_family(family)
+            .flat_map(|t| &t.chains)
             .find(|c| c.name.starts_with("svc-"))
             .expect("a Service port chain")
     }
@@ -1546,8 +1698,7 @@ mod tests {
             ],
         );
         let rs = translate(&state, &NodeConfig::default());
-        let t = rs.table(Family::Ip).unwrap();
-        let chain = service_chain(t);
+        let chain = service_chain(&rs, Family::Ip);
         let moduli: Vec<Option<u32>> = chain
             .rules
             .iter()
@@ -1580,14 +1731,21 @@ mod tests {
         let state = state_with("empty", &["10.0.0.11"], &[]);
         let rs = translate(&state, &NodeConfig::default());
         let t = rs.table(Family::Ip).unwrap();
-        assert!(t.set(MAP_SERVICE_IPS).unwrap().elements.is_empty());
+        assert!(rs
+            .of_family(Family::Ip)
+            .filter_map(|t| t.set(MAP_SERVICE_IPS))
+            .all(|m| m.elements.is_empty()));
         let ne = &t.set(MAP_NO_ENDPOINT_SERVICES).unwrap().elements;
         assert_eq!(ne.len(), 1);
         assert_eq!(
             ne[0].value,
             Some(Mapped::Verdict(Verdict::Goto(CHAIN_REJECT.into())))
         );
-        assert!(!t.chains.iter().any(|c| c.name.starts_with("svc-")));
+        assert!(!rs
+            .tables
+            .iter()
+            .flat_map(|t| &t.chains)
+            .any(|c| c.name.starts_with("svc-")));
         assert_eq!(t.set(SET_CLUSTER_IPS).unwrap().elements.len(), 1);
     }
 
@@ -1598,14 +1756,18 @@ mod tests {
             &["10.0.0.10"],
             &[("10.244.0.1", READY), ("10.244.0.2", TERMINATING)],
         );
-        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
-        let chain = service_chain(&t);
-        assert_eq!(dnat_targets(chain), vec!["10.244.0.1:9376"]);
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(
+            dnat_targets(service_chain(&rs, Family::Ip)),
+            vec!["10.244.0.1:9376"]
+        );
 
         let state = state_with("web", &["10.0.0.10"], &[("10.244.0.2", TERMINATING)]);
-        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
-        let chain = service_chain(&t);
-        assert_eq!(dnat_targets(chain), vec!["10.244.0.2:9376"]);
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(
+            dnat_targets(service_chain(&rs, Family::Ip)),
+            vec!["10.244.0.2:9376"]
+        );
     }
 
     #[test]
@@ -1620,10 +1782,39 @@ mod tests {
             (Family::Ip, "10.244.0.1:9376"),
             (Family::Ip6, "fd00:10:244::1:9376"),
         ] {
-            let t = rs.table(family).unwrap();
-            let chain = service_chain(t);
-            assert_eq!(dnat_targets(chain), vec![ep]);
+            assert_eq!(dnat_targets(service_chain(&rs, family)), vec![ep]);
         }
+    }
+
+    #[test]
+    fn a_services_chains_and_dispatch_elements_share_its_service_table() {
+        let mut state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+        let other = state_with("api", &["10.0.0.11"], &[("10.244.0.2", READY)]);
+        state.services.extend(other.services);
+        state.slices.extend(other.slices);
+        assert_ne!(shard_of(&key("web")), shard_of(&key("api")));
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(rs.tables.len(), 2 * (1 + SERVICE_SHARDS as usize));
+        for name in ["web", "api"] {
+            let home = rs
+                .get(TableId::shard(Family::Ip, shard_of(&key(name))))
+                .unwrap();
+            let chain = home
+                .chains
+                .iter()
+                .find(|c| c.name.contains(&format!("default/{name}/")))
+                .expect("its chain in its Service table");
+            let dispatch = &home.set(MAP_SERVICE_IPS).unwrap().elements;
+            assert_eq!(dispatch.len(), 1);
+            assert_eq!(
+                dispatch[0].value,
+                Some(Mapped::Verdict(Verdict::Goto(chain.name.clone())))
+            );
+        }
+        // No Service chain anywhere else, and the main table has no dispatch map.
+        let chains = rs.tables.iter().flat_map(|t| &t.chains);
+        assert_eq!(chains.filter(|c| c.name.starts_with("svc-")).count(), 2);
+        assert!(rs.table(Family::Ip).unwrap().set(MAP_SERVICE_IPS).is_none());
     }
 
     #[test]
@@ -1636,12 +1827,12 @@ mod tests {
         };
         let v4 = skeleton(Family::Ip, &config);
         let services = v4.chain(CHAIN_SERVICES).unwrap();
-        assert_eq!(services.rules.len(), 3);
+        assert_eq!(services.rules.len(), 1);
         assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
         assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 3);
         // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
         let v6 = skeleton(Family::Ip6, &config);
-        assert_eq!(v6.chain(CHAIN_SERVICES).unwrap().rules.len(), 2);
+        assert!(v6.chain(CHAIN_SERVICES).unwrap().rules.is_empty());
         assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
     }
 
@@ -1753,7 +1944,8 @@ mod tests {
 mod template_tests {
     use super::*;
 
-    /// `nft-templates/skeleton.nft` is the readable form of `skeleton()`; this keeps
+    /// `nft-templates/skeleton.nft` is the readable form of `skeleton()` and
+    /// `service_table_skeleton()`; this keeps
     /// the two from drifting apart.
     #[test]
     fn skeleton_matches_its_template() {
@@ -1769,9 +1961,11 @@ mod template_tests {
             .filter(|l| !l.starts_with('#'))
             .map(|l| format!("{l}\n"))
             .collect();
-        assert_eq!(
-            crate::text::table(&skeleton(Family::Ip, &config)),
-            body.trim_start()
-        );
+        let tables = [
+            skeleton(Family::Ip, &config),
+            service_table_skeleton(TableId::shard(Family::Ip, 0)),
+        ];
+        let text: String = tables.iter().map(crate::text::table).collect();
+        assert_eq!(text, body.trim_start());
     }
 }

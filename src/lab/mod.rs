@@ -9,7 +9,7 @@ pub mod hostname_server;
 pub mod topology;
 
 use crate::model::{build_state, Objects};
-use crate::ruleset::{Family, Protocol, TABLE_NAME};
+use crate::ruleset::{Family, Protocol};
 use crate::source::files::{self, Loaded};
 use crate::translate::{usable_endpoints, NodeConfig};
 use std::collections::{BTreeMap, BTreeSet};
@@ -284,11 +284,16 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     }
 
     let families: BTreeSet<Family> = results.iter().map(|r| Family::of(&r.target.ip())).collect();
-    for family in families {
+    // The main table, and the Service tables that hold the demo's Services.
+    let shown = ruleset.tables.iter().filter(|t| {
+        families.contains(&t.family)
+            && (t.id().shard.is_none() || t.chains.iter().any(|c| c.name.starts_with("svc-")))
+    });
+    for table in shown {
+        let family = table.family.keyword();
         println!(
-            "\n# nft list table {} {TABLE_NAME}   (in {})",
-            family.keyword(),
-            topo.node.name
+            "\n# nft list table {family} {}   (in {})",
+            table.name, topo.node.name
         );
         match Command::new("ip")
             .args([
@@ -298,8 +303,8 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
                 "nft",
                 "list",
                 "table",
-                family.keyword(),
-                TABLE_NAME,
+                family,
+                &table.name,
             ])
             .output()
         {
@@ -308,9 +313,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
                 println!(
                     "# (nft is not installed; this is kube-nft's rendering of what it programmed)"
                 );
-                if let Some(t) = ruleset.table(family) {
-                    print!("{}", crate::text::table(t));
-                }
+                print!("{}", crate::text::table(table));
             }
         }
     }

@@ -10,7 +10,7 @@
 use super::lower::{KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable};
 use super::nftables::{write_table, Batch};
 use super::view::{fingerprint, RuleView};
-use crate::ruleset::{Family, TABLE_NAME};
+use crate::ruleset::TableId;
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,21 +44,23 @@ pub fn diff_rules(old: &[RuleView], new: &[KernelRule]) -> Vec<RuleOp> {
     ops
 }
 
-/// One transaction's worth of operations, grouped by the phase they must run in.
+/// One transaction's worth of operations on any of our tables, grouped by the
+/// phase they must run in.
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Tables replaced whole (the fallback when a fine-grained change is not possible).
     rebuild: Vec<KernelTable>,
-    add_tables: Vec<(Family, Option<Vec<u8>>)>,
-    add_counters: Vec<(Family, KernelCounter)>,
-    add_sets: Vec<(Family, KernelSet)>,
-    add_chains: Vec<(Family, KernelChain)>,
-    rule_ops: Vec<(Family, String, RuleOp)>,
-    delete_elements: BTreeMap<(Family, String), Vec<KernelElement>>,
-    add_elements: BTreeMap<(Family, String), Vec<KernelElement>>,
-    delete_chains: Vec<(Family, String)>,
-    delete_sets: Vec<(Family, String)>,
-    delete_counters: Vec<(Family, String)>,
+    add_tables: Vec<(TableId, Option<Vec<u8>>)>,
+    add_counters: Vec<(TableId, KernelCounter)>,
+    add_sets: Vec<(TableId, KernelSet)>,
+    add_chains: Vec<(TableId, KernelChain)>,
+    rule_ops: Vec<(TableId, String, RuleOp)>,
+    delete_elements: BTreeMap<(TableId, String), Vec<KernelElement>>,
+    add_elements: BTreeMap<(TableId, String), Vec<KernelElement>>,
+    delete_chains: Vec<(TableId, String)>,
+    delete_sets: Vec<(TableId, String)>,
+    delete_counters: Vec<(TableId, String)>,
+    delete_tables: Vec<TableId>,
 }
 
 impl Plan {
@@ -74,113 +76,131 @@ impl Plan {
             && self.delete_chains.is_empty()
             && self.delete_sets.is_empty()
             && self.delete_counters.is_empty()
+            && self.delete_tables.is_empty()
     }
 
     pub fn rebuild(&mut self, table: KernelTable) {
         self.rebuild.push(table);
     }
 
-    pub fn add_table(&mut self, family: Family, userdata: Option<Vec<u8>>) {
-        self.add_tables.push((family, userdata));
+    pub fn add_table(&mut self, table: TableId, userdata: Option<Vec<u8>>) {
+        self.add_tables.push((table, userdata));
     }
 
-    pub fn add_counter(&mut self, family: Family, counter: KernelCounter) {
-        self.add_counters.push((family, counter));
+    /// Deletes a whole table (one we no longer use), last.
+    pub fn delete_table(&mut self, table: TableId) {
+        self.delete_tables.push(table);
+    }
+
+    pub fn add_counter(&mut self, table: TableId, counter: KernelCounter) {
+        self.add_counters.push((table, counter));
     }
 
     /// Deletes a counter once no element names it: after elements and sets go.
-    pub fn delete_counter(&mut self, family: Family, name: &str) {
-        self.delete_counters.push((family, name.to_string()));
+    pub fn delete_counter(&mut self, table: TableId, name: &str) {
+        self.delete_counters.push((table, name.to_string()));
     }
 
-    pub fn add_set(&mut self, family: Family, set: KernelSet) {
-        self.add_sets.push((family, set));
+    pub fn add_set(&mut self, table: TableId, set: KernelSet) {
+        self.add_sets.push((table, set));
     }
 
     /// Creates the chain and appends its rules.
-    pub fn add_chain(&mut self, family: Family, mut chain: KernelChain) {
+    pub fn add_chain(&mut self, table: TableId, mut chain: KernelChain) {
         for r in std::mem::take(&mut chain.rules) {
             self.rule_ops
-                .push((family, chain.name.clone(), RuleOp::Append(r)));
+                .push((table, chain.name.clone(), RuleOp::Append(r)));
         }
-        self.add_chains.push((family, chain));
+        self.add_chains.push((table, chain));
     }
 
-    pub fn rules(&mut self, family: Family, chain: &str, ops: Vec<RuleOp>) {
+    pub fn rules(&mut self, table: TableId, chain: &str, ops: Vec<RuleOp>) {
         self.rule_ops
-            .extend(ops.into_iter().map(|op| (family, chain.to_string(), op)));
+            .extend(ops.into_iter().map(|op| (table, chain.to_string(), op)));
     }
 
-    pub fn delete_chain(&mut self, family: Family, chain: &str) {
-        self.delete_chains.push((family, chain.to_string()));
+    pub fn delete_chain(&mut self, table: TableId, chain: &str) {
+        self.delete_chains.push((table, chain.to_string()));
     }
 
     /// Deletes a set once nothing refers to it: after rules and chains go.
-    pub fn delete_set(&mut self, family: Family, set: &str) {
-        self.delete_sets.push((family, set.to_string()));
+    pub fn delete_set(&mut self, table: TableId, set: &str) {
+        self.delete_sets.push((table, set.to_string()));
     }
 
-    pub fn add_element(&mut self, family: Family, set: &str, e: KernelElement) {
+    pub fn add_element(&mut self, table: TableId, set: &str, e: KernelElement) {
         self.add_elements
-            .entry((family, set.to_string()))
+            .entry((table, set.to_string()))
             .or_default()
             .push(e);
     }
 
-    pub fn delete_element(&mut self, family: Family, set: &str, e: KernelElement) {
+    pub fn delete_element(&mut self, table: TableId, set: &str, e: KernelElement) {
         self.delete_elements
-            .entry((family, set.to_string()))
+            .entry((table, set.to_string()))
             .or_default()
             .push(e);
     }
 
     /// The plan as one transaction, in an order the kernel accepts.
     pub fn into_batch(self) -> Batch {
-        let t = TABLE_NAME;
         let mut b = Batch::new();
-        let rebuilt: Vec<Family> = self.rebuild.iter().map(|k| k.family).collect();
+        let rebuilt: Vec<TableId> = self.rebuild.iter().map(|k| k.id()).collect();
         for table in &self.rebuild {
             b.add_table(table.family, &table.name, None);
             b.delete_table(table.family, &table.name);
             write_table(&mut b, table);
         }
         // Everything else concerns tables that are not being rebuilt.
-        let keep = |f: &Family| !rebuilt.contains(f);
-        for (f, ud) in self.add_tables.iter().filter(|x| keep(&x.0)) {
-            b.add_table(*f, t, ud.as_deref());
+        let keep = |t: &TableId| !rebuilt.contains(t);
+        let at = |t: &TableId| (t.family, t.name());
+        for (t, ud) in self.add_tables.iter().filter(|x| keep(&x.0)) {
+            b.add_table(t.family, t.name(), ud.as_deref());
         }
-        for (f, c) in self.add_counters.iter().filter(|x| keep(&x.0)) {
-            b.add_counter(*f, t, c);
+        for (t, c) in self.add_counters.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.add_counter(f, t, c);
         }
-        for (f, s) in self.add_sets.iter().filter(|x| keep(&x.0)) {
-            b.add_set(*f, t, s);
+        for (t, s) in self.add_sets.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.add_set(f, t, s);
         }
-        for (f, c) in self.add_chains.iter().filter(|x| keep(&x.0)) {
-            b.add_chain(*f, t, c);
+        for (t, c) in self.add_chains.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.add_chain(f, t, c);
         }
-        for (f, chain, op) in self.rule_ops.iter().filter(|x| keep(&x.0)) {
+        for (t, chain, op) in self.rule_ops.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
             match op {
-                RuleOp::Append(r) => b.add_rule(*f, t, chain, r),
-                RuleOp::InsertAtHead(r) => b.insert_rule(*f, t, chain, r),
-                RuleOp::Replace(h, r) => b.replace_rule(*f, t, chain, *h, r),
-                RuleOp::Delete(h) => b.delete_rule(*f, t, chain, *h),
+                RuleOp::Append(r) => b.add_rule(f, t, chain, r),
+                RuleOp::InsertAtHead(r) => b.insert_rule(f, t, chain, r),
+                RuleOp::Replace(h, r) => b.replace_rule(f, t, chain, *h, r),
+                RuleOp::Delete(h) => b.delete_rule(f, t, chain, *h),
             }
         }
-        for ((f, set), els) in self.delete_elements.iter().filter(|x| keep(&x.0 .0)) {
-            b.delete_elements(*f, t, set, els);
+        for ((t, set), els) in self.delete_elements.iter().filter(|x| keep(&x.0 .0)) {
+            let (f, t) = at(t);
+            b.delete_elements(f, t, set, els);
         }
-        for ((f, set), els) in self.add_elements.iter().filter(|x| keep(&x.0 .0)) {
-            b.add_elements(*f, t, set, els);
+        for ((t, set), els) in self.add_elements.iter().filter(|x| keep(&x.0 .0)) {
+            let (f, t) = at(t);
+            b.add_elements(f, t, set, els);
         }
-        for (f, chain) in self.delete_chains.iter().filter(|x| keep(&x.0)) {
-            b.flush_chain(*f, t, chain);
-            b.delete_chain(*f, t, chain);
+        for (t, chain) in self.delete_chains.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.flush_chain(f, t, chain);
+            b.delete_chain(f, t, chain);
         }
-        for (f, set) in self.delete_sets.iter().filter(|x| keep(&x.0)) {
-            b.delete_set(*f, t, set);
+        for (t, set) in self.delete_sets.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.delete_set(f, t, set);
         }
-        for (f, name) in self.delete_counters.iter().filter(|x| keep(&x.0)) {
-            b.delete_counter(*f, t, name);
+        for (t, name) in self.delete_counters.iter().filter(|x| keep(&x.0)) {
+            let (f, t) = at(t);
+            b.delete_counter(f, t, name);
+        }
+        for t in self.delete_tables.iter().filter(|t| keep(t)) {
+            b.delete_table(t.family, t.name());
         }
         b
     }

@@ -37,6 +37,12 @@ pub struct KernelTable {
     pub chains: Vec<KernelChain>,
 }
 
+impl KernelTable {
+    pub fn id(&self) -> crate::ruleset::TableId {
+        crate::ruleset::TableId::named(self.family, &self.name).expect("one of our tables")
+    }
+}
+
 /// A named counter object; its values are state, so only name and comment
 /// describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -39,8 +39,12 @@ impl Monitor {
     }
 
     /// Blocks until a transaction of a process other than `own_pid` touches a table
-    /// named `table` (in any family).
-    pub fn next_foreign_change(&mut self, table: &str, own_pid: u32) -> io::Result<Change> {
+    /// whose name `watched` accepts (in any family).
+    pub fn next_foreign_change(
+        &mut self,
+        watched: impl Fn(&str) -> bool,
+        own_pid: u32,
+    ) -> io::Result<Change> {
         let mut touched = false;
         loop {
             let (buf, _) = match self.sock.recv_from_full() {
@@ -71,7 +75,7 @@ impl Monitor {
                     k == 1
                         && Payload::new("object", k, p)
                             .string()
-                            .is_ok_and(|n| n == table)
+                            .is_ok_and(|n| watched(&n))
                 }) {
                     touched = true;
                 }

@@ -16,7 +16,7 @@ use super::message::{
     exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, Refusal, NLMSG_ERROR,
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped};
+use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped, TableId};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use std::io;
 
@@ -994,17 +994,15 @@ pub(crate) fn parse_elements(buf: &[u8]) -> Result<Vec<KernelElement>, NftError>
     Ok(out)
 }
 
-/// The whole-table replacement: one transaction that creates each table if it is
-/// missing, deletes it, and writes it again with everything in it. Packets see the
+/// The whole-table replacement, added to `b`: for each table, create it if it is
+/// missing, delete it, and write it again with everything in it. Packets see the
 /// old ruleset until the commit and the new one after it.
-pub fn replace_tables(tables: &[KernelTable]) -> Batch {
-    let mut b = Batch::new();
+pub fn replace_tables(b: &mut Batch, tables: &[KernelTable]) {
     for t in tables {
         b.add_table(t.family, &t.name, None);
         b.delete_table(t.family, &t.name);
-        write_table(&mut b, t);
+        write_table(b, t);
     }
-    b
 }
 
 /// Writes a table into an empty namespace, in the order `nft -f` uses: table,
@@ -1031,12 +1029,12 @@ pub fn write_table(b: &mut Batch, t: &KernelTable) {
     }
 }
 
-/// Removes our tables (and nothing else) in one transaction.
-pub fn delete_tables(families: &[Family], name: &str) -> Batch {
+/// Removes these tables, where they exist, and nothing else.
+pub fn delete_tables(tables: impl IntoIterator<Item = TableId>) -> Batch {
     let mut b = Batch::new();
-    for f in families {
-        b.add_table(*f, name, None);
-        b.delete_table(*f, name);
+    for t in tables {
+        b.add_table(t.family, t.name(), None);
+        b.delete_table(t.family, t.name());
     }
     b
 }
