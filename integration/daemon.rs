@@ -50,29 +50,27 @@ fn drift_is_repaired_from_nftables_notifications() {
     wait_until(Duration::from_secs(10), "the first sync", || {
         answers(c.client(), "10.96.0.10:80")
     });
-    let chain = nft_list(c.node())
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("chain svc-")
-                .map(|rest| format!("svc-{}", rest.trim_end_matches(" {")))
-        })
-        .unwrap();
+    let (table, chain) = find_chain(c.node(), "svc-").expect("the Service's chain");
     for (what, cmd, restored) in [
         (
             "an element deleted",
-            "delete element ip kube-nft service-ips { 10.96.0.10 . tcp . 80 }".to_string(),
+            format!("delete element {table} service-ips {{ 10.96.0.10 . tcp . 80 }}"),
             "10.96.0.10 . tcp . 80",
         ),
         (
             "a Service chain flushed",
-            format!("flush chain ip kube-nft {chain}"),
+            format!("flush chain {table} {chain}"),
             "dnat to 10.244.0.13:9376",
         ),
         (
-            "the table deleted",
-            "delete table ip kube-nft".to_string(),
+            "the Service's table deleted",
+            format!("delete table {table}"),
             "dnat to 10.244.0.13:9376",
+        ),
+        (
+            "the main table deleted",
+            "delete table ip kube-nft".to_string(),
+            "chain reject-chain",
         ),
     ] {
         nft_in(c.node(), &cmd);

@@ -10,8 +10,10 @@ use kube_nft::bench::{bench_service, bench_slice, service_key};
 use kube_nft::model::{ClusterState, ServiceKey};
 use kube_nft::netns::{in_netns, Netns};
 use kube_nft::proxy::{Proxier, SyncKind};
-use kube_nft::ruleset::Family;
-use kube_nft::translate::NodeConfig;
+use kube_nft::ruleset::{Family, Field, Rule, Stmt, TableId};
+use kube_nft::translate::{
+    shard_of, translate, NodeConfig, Ruleset, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS,
+};
 use std::net::IpAddr;
 
 fn config() -> NodeConfig {
@@ -292,12 +294,13 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
         p.sync().unwrap();
         // Behind the proxy's back, remove an element it believes is there.
         let vip = "10.96.0.4";
+        let table = TableId::shard(Family::Ip, shard_of(&key(3)));
         let out = std::process::Command::new("nft")
             .args([
                 "delete",
                 "element",
                 "ip",
-                "kube-nft",
+                table.name(),
                 "service-ips",
                 &format!("{{ {vip} . tcp . 80 }}"),
             ])
@@ -314,29 +317,89 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
             s.slices.remove(&key(3));
         });
         add_service(p, 77, 2);
-        let before = p
-            .socket()
-            .read_table(Family::Ip, "kube-nft")
-            .unwrap()
-            .unwrap();
+        let read_all = |p: &mut Proxier| {
+            [TableId::main(Family::Ip), table]
+                .map(|t| p.socket().read_table(t.family, t.name()).unwrap().unwrap())
+        };
+        let before = read_all(p);
         let err = p.sync().unwrap_err();
         assert!(
             err.to_string()
-                .contains("delete 1 element(s) of ip kube-nft service-ips"),
+                .contains(&format!("delete 1 element(s) of {table} service-ips")),
             "{err}"
         );
-        let after = p
-            .socket()
-            .read_table(Family::Ip, "kube-nft")
-            .unwrap()
-            .unwrap();
-        assert!(
-            kube_nft::proxy::same_table(&before, &after),
-            "the refused transaction changed the kernel"
-        );
+        let after = read_all(p);
+        for (b, a) in before.iter().zip(&after) {
+            assert!(
+                kube_nft::proxy::same_table(b, a),
+                "the refused transaction changed {}",
+                b.name
+            );
+        }
         // The next sync reads the kernel back and repairs everything.
         let r = p.sync().unwrap();
         assert_eq!(r.kind, SyncKind::Full);
         assert!(p.verify().unwrap());
+    });
+}
+
+/// Earlier versions kept every Service chain and the dispatch maps in the main
+/// table. The first full sync over such a ruleset moves them into the Service
+/// tables in one transaction and leaves the main table with none of them.
+#[test]
+fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
+    with_proxier("single-table", |p| {
+        for i in 0..20 {
+            add_service(p, i, 3);
+        }
+        let rs = translate(p.state(), &config());
+        let mut main = rs.table(Family::Ip).unwrap().clone();
+        for shard in rs.of_family(Family::Ip).skip(1) {
+            for set in &shard.sets {
+                if set.name == SET_NODEPORT_IPS {
+                    continue;
+                }
+                match main.sets.iter_mut().find(|s| s.name == set.name) {
+                    Some(s) => s.elements.extend(set.elements.iter().cloned()),
+                    None => main.sets.push(set.clone()),
+                }
+            }
+            let own = shard.chains.iter().filter(|c| c.base.is_none());
+            main.chains
+                .extend(own.filter(|c| c.name != CHAIN_SERVICES).cloned());
+        }
+        let services = main
+            .chains
+            .iter_mut()
+            .find(|c| c.name == CHAIN_SERVICES)
+            .unwrap();
+        services.rules.push(Rule::new(vec![Stmt::Vmap {
+            fields: vec![Field::Daddr, Field::L4Proto, Field::Dport],
+            map: MAP_SERVICE_IPS.into(),
+        }]));
+        let old = Ruleset {
+            tables: vec![main, rs.table(Family::Ip6).unwrap().clone()],
+        };
+        kube_nft::proxy::apply(p.socket(), &old).unwrap();
+        let main_before = p
+            .socket()
+            .read_table(Family::Ip, "kube-nft")
+            .unwrap()
+            .unwrap();
+        assert!(main_before.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
+
+        let r = p.sync().unwrap();
+        assert_eq!(r.kind, SyncKind::Full);
+        assert!(p.verify().unwrap(), "the kernel holds the desired ruleset");
+        let main_after = p
+            .socket()
+            .read_table(Family::Ip, "kube-nft")
+            .unwrap()
+            .unwrap();
+        assert!(!main_after.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
+        assert!(!main_after.chains.iter().any(|c| c.name.starts_with("svc-")));
+        // And the next sync finds nothing to do.
+        p.request_full_sync();
+        assert_eq!(p.sync().unwrap().committed.messages, 0);
     });
 }

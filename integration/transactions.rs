@@ -7,7 +7,7 @@ use common::*;
 use kube_nft::netlink::{NftError, NftSocket};
 use kube_nft::netns::in_netns;
 use kube_nft::proxy;
-use kube_nft::ruleset::{Family, Rule, Stmt, Verdict};
+use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::{load_str, Loaded};
 use kube_nft::translate::{NodeConfig, Ruleset, CHAIN_SERVICES};
 
@@ -95,12 +95,20 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
         )),
     );
     let expected: Vec<_> = proxy::lowered(&rs);
+    let names: Vec<_> = expected
+        .iter()
+        .map(|t| (t.family, t.name.clone()))
+        .collect();
     let tables = in_netns(c.node(), move || {
         let mut sock = NftSocket::open().unwrap();
         proxy::apply(&mut sock, &rs).unwrap();
-        Family::ALL.map(|f| sock.read_table(f, "kube-nft").unwrap().unwrap())
+        names
+            .iter()
+            .map(|(f, n)| sock.read_table(*f, n).unwrap().unwrap())
+            .collect::<Vec<_>>()
     })
     .unwrap();
+    assert_eq!(tables.len(), expected.len());
     for (want, got) in expected.iter().zip(&tables) {
         assert!(
             got.chains

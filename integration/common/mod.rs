@@ -294,6 +294,22 @@ pub fn nft_list(ns: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// The first chain whose name starts with `prefix` in `nft list ruleset` of `ns`,
+/// as (`family table`, chain name): where a Service's chains are.
+pub fn find_chain(ns: &str, prefix: &str) -> Option<(String, String)> {
+    let mut table = None;
+    for line in nft_list(ns).lines() {
+        if let Some(t) = line.strip_prefix("table ") {
+            table = Some(t.trim_end_matches(" {").to_string());
+        } else if let Some(rest) = line.trim().strip_prefix("chain ") {
+            if rest.starts_with(prefix) {
+                return Some((table?, rest.trim_end_matches(" {").to_string()));
+            }
+        }
+    }
+    None
+}
+
 /// `kube-nft run` (the daemon) in a namespace, logging to a file; killed on drop.
 pub struct Daemon {
     child: std::process::Child,
