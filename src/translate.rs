@@ -1275,6 +1275,13 @@ fn ipvs_external_elements(
     }
 }
 
+/// Only a pod on this node reaches itself through this node's rules (other
+/// nodes' pods go through their own node's), so only endpoints that may be here
+/// need a hairpin element: this node's, and any whose node is unknown.
+fn may_hairpin(e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
+    node.is_none() || e.node_name.is_none() || e.is_on(node)
+}
+
 /// The chains and elements of one Service in one family.
 pub fn service_rules(
     state: &ClusterState,
@@ -1340,7 +1347,8 @@ pub fn service_rules(
                 return None;
             }
             let name = chain_name(kind, &port_id);
-            out.hairpin.extend(chosen.iter().map(|e| e.addr));
+            let here = chosen.iter().filter(|e| may_hairpin(e, node));
+            out.hairpin.extend(here.map(|e| e.addr));
             if ipvs {
                 return Some(name);
             }
@@ -1815,6 +1823,40 @@ mod tests {
         let chains = rs.tables.iter().flat_map(|t| &t.chains);
         assert_eq!(chains.filter(|c| c.name.starts_with("svc-")).count(), 2);
         assert!(rs.table(Family::Ip).unwrap().set(MAP_SERVICE_IPS).is_none());
+    }
+
+    #[test]
+    fn only_endpoints_that_may_be_on_this_node_get_a_hairpin_element() {
+        let mut state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[
+                ("10.244.0.1", READY),
+                ("10.244.0.2", READY),
+                ("10.244.0.3", READY),
+            ],
+        );
+        let hairpin = |state: &ClusterState| {
+            let rs = translate(state, &NodeConfig::default());
+            let set = rs.table(Family::Ip).unwrap().set(SET_HAIRPIN).unwrap();
+            set.elements
+                .iter()
+                .map(|e| e.key[0].to_string())
+                .collect::<Vec<_>>()
+        };
+        let nodes = [Some("node-a"), Some("node-b"), None];
+        for slice in state.slices.values_mut().flat_map(|s| s.values_mut()) {
+            for (e, node) in slice.endpoints.iter_mut().zip(nodes) {
+                e.node_name = node.map(String::from);
+            }
+        }
+        // This node unknown: any endpoint may be here.
+        assert_eq!(hairpin(&state).len(), 3);
+        state.node = Some(NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        });
+        assert_eq!(hairpin(&state), vec!["10.244.0.1", "10.244.0.3"]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod dataplane;
 pub mod plot;
 
 use crate::model::{
-    ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, Service, ServiceKey,
+    ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,
     ServicePort, TargetPort,
 };
 use crate::netns::{in_netns, Netns};
@@ -44,8 +44,23 @@ pub fn vip(i: usize) -> IpAddr {
     IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())
 }
 
+const FIRST_ENDPOINT: u32 = 0x0a80_0000;
+
 fn endpoint_addr(n: usize) -> IpAddr {
-    IpAddr::from((0x0a80_0000u32 + n as u32).to_be_bytes())
+    IpAddr::from((FIRST_ENDPOINT + n as u32).to_be_bytes())
+}
+
+/// The synthetic cluster's nodes: its pods are spread over 100 (a node runs at
+/// most 110 pods by default), and this node is the first.
+const NODES: u32 = 100;
+pub const THIS_NODE: &str = "node-00";
+
+fn node_of(addr: IpAddr) -> String {
+    let n = match addr {
+        IpAddr::V4(a) => u32::from(a).wrapping_sub(FIRST_ENDPOINT),
+        IpAddr::V6(a) => u128::from(a) as u32,
+    };
+    format!("node-{:02}", n % NODES)
 }
 
 pub fn ready(addr: IpAddr) -> Endpoint {
@@ -56,7 +71,7 @@ pub fn ready(addr: IpAddr) -> Endpoint {
             serving: true,
             terminating: false,
         },
-        node_name: None,
+        node_name: Some(node_of(addr)),
         zone: None,
         hints: Default::default(),
     }
@@ -94,7 +109,13 @@ pub fn bench_slice(i: usize, addrs: &[IpAddr]) -> EndpointSlice {
 /// `services` Services (TCP 80 → 8080) sharing `endpoints` endpoints as evenly as
 /// possible, every endpoint address distinct.
 pub fn synthetic_state(services: usize, endpoints: usize) -> ClusterState {
-    let mut state = ClusterState::default();
+    let mut state = ClusterState {
+        node: Some(NodeInfo {
+            name: THIS_NODE.into(),
+            ..NodeInfo::default()
+        }),
+        ..ClusterState::default()
+    };
     let mut next = 0;
     for i in 0..services {
         let n = endpoints / services + usize::from(i < endpoints % services);
