@@ -478,6 +478,17 @@ fn jump(chain: &str) -> Stmt {
     Stmt::Verdict(Verdict::Jump(chain.to_string()))
 }
 
+/// The node's addresses that serve NodePorts: in the main table (the
+/// no-endpoint checks and counters read it) and in each Service table (dispatch).
+fn nodeport_ips_set(addr: KeyType) -> Set {
+    set(
+        SET_NODEPORT_IPS,
+        vec![addr],
+        None,
+        "this node's addresses that accept NodePort traffic",
+    )
+}
+
 /// The static part of a family's table: every set (empty) and every chain that
 /// does not depend on Services. `nft-templates/skeleton.nft` shows it as text.
 pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
@@ -578,12 +589,7 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         counters: Vec::new(),
         sets: vec![
             set(SET_CLUSTER_IPS, vec![addr], None, "active ClusterIPs"),
-            set(
-                SET_NODEPORT_IPS,
-                vec![addr],
-                None,
-                "this node's addresses that accept NodePort traffic",
-            ),
+            nodeport_ips_set(addr),
             set(
                 MAP_NO_ENDPOINT_SERVICES,
                 dispatch_key.clone(),
@@ -755,12 +761,7 @@ pub fn service_table_skeleton(id: TableId) -> Table {
         )),
         counters: Vec::new(),
         sets: vec![
-            set(
-                SET_NODEPORT_IPS,
-                vec![addr],
-                None,
-                "this node's addresses that accept NodePort traffic",
-            ),
+            nodeport_ips_set(addr),
             set(
                 MAP_SERVICE_IPS,
                 vec![addr, KeyType::InetProto, KeyType::InetService],
