@@ -473,16 +473,19 @@ impl Proxier {
                 .map(|id| (*id, lower_table(&skeleton_of(*id, &self.config))))
                 .collect();
             let mut rebuild: BTreeSet<TableId> = BTreeSet::new();
-            let mut wanted_chains: BTreeSet<(TableId, String)> = BTreeSet::new();
-            let mut wanted_sets: BTreeSet<(TableId, String)> = BTreeSet::new();
+            let mut wanted_chains: HashMap<TableId, BTreeSet<String>> = HashMap::new();
+            let mut wanted_sets: HashMap<TableId, BTreeSet<String>> = HashMap::new();
             for (id, skeleton) in &skeletons {
                 if !plan_skeleton(&mut plan, *id, skeleton, views.get(id)) {
                     rebuild.insert(*id);
                 }
-                wanted_chains.extend(skeleton.chains.iter().map(|c| (*id, c.name.clone())));
-                wanted_sets.extend(skeleton.sets.iter().map(|s| (*id, s.name.clone())));
+                let chains = skeleton.chains.iter().map(|c| c.name.clone());
+                wanted_chains.entry(*id).or_default().extend(chains);
+                let sets = skeleton.sets.iter().map(|s| s.name.clone());
+                wanted_sets.entry(*id).or_default().extend(sets);
             }
             let main = TableId::main(family);
+            let main_view = views.get(&main);
             let mut wanted_counters = BTreeSet::new();
             let mut wanted_elements: HashMap<(TableId, &str), HashMap<Vec<u8>, KernelElement>> =
                 HashMap::new();
@@ -500,7 +503,6 @@ impl Proxier {
                 else {
                     continue;
                 };
-                let main_view = views.get(&main);
                 for c in svc.counters {
                     if wanted_counters.insert(c.name.clone()) {
                         match main_view.and_then(|v| v.counters.get(&c.name)) {
@@ -513,7 +515,7 @@ impl Proxier {
                     }
                 }
                 for (id, set) in svc.sets {
-                    if wanted_sets.insert((id, set.name.clone())) {
+                    if wanted_sets.entry(id).or_default().insert(set.name.clone()) {
                         match views.get(&id).and_then(|v| v.set(&set.name)) {
                             None => plan.add_set(id, set),
                             Some(have) if !same_set_def(&have.def, &set) => {
@@ -524,7 +526,10 @@ impl Proxier {
                     }
                 }
                 for (id, chain) in svc.chains {
-                    wanted_chains.insert((id, chain.name.clone()));
+                    wanted_chains
+                        .entry(id)
+                        .or_default()
+                        .insert(chain.name.clone());
                     if !plan_chain(&mut plan, id, chain, views.get(&id)) {
                         rebuild.insert(id);
                     }
@@ -558,10 +563,10 @@ impl Proxier {
                     plan_elements(&mut plan, *id, &set.name, have, want);
                 }
                 let Some(v) = view else { continue };
-                let unwanted_sets = v
-                    .sets
-                    .iter()
-                    .filter(|s| !wanted_sets.contains(&(*id, s.def.name.clone())));
+                let wanted = |names: &HashMap<TableId, BTreeSet<String>>, name: &str| {
+                    names.get(id).is_some_and(|n| n.contains(name))
+                };
+                let unwanted_sets = v.sets.iter().filter(|s| !wanted(&wanted_sets, &s.def.name));
                 for s in unwanted_sets {
                     // Its verdict elements hold the chains they point to.
                     let verdict = |e: &&KernelElement| matches!(e.data, Some(Mapped::Verdict(_)));
@@ -570,11 +575,7 @@ impl Proxier {
                     }
                     plan.delete_set(*id, &s.def.name);
                 }
-                for c in v
-                    .chains
-                    .iter()
-                    .filter(|c| !wanted_chains.contains(&(*id, c.name.clone())))
-                {
+                for c in v.chains.iter().filter(|c| !wanted(&wanted_chains, &c.name)) {
                     plan.delete_chain(*id, &c.name);
                 }
                 if *id == main {

@@ -474,6 +474,13 @@ fn set(name: &str, key: Vec<KeyType>, data: Option<MapData>, comment: &str) -> S
 const DISPATCH_KEY: [Field; 3] = [Field::Daddr, Field::L4Proto, Field::Dport];
 const NODEPORT_KEY: [Field; 2] = [Field::L4Proto, Field::Dport];
 
+fn vmap(fields: &[Field], map: &str) -> Stmt {
+    Stmt::Vmap {
+        fields: fields.to_vec(),
+        map: map.into(),
+    }
+}
+
 fn jump(chain: &str) -> Stmt {
     Stmt::Verdict(Verdict::Jump(chain.to_string()))
 }
@@ -500,10 +507,6 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
     let in_set = |field: Field, set: &str| Stmt::InSet {
         fields: vec![field],
         set: set.into(),
-    };
-    let vmap = |fields: &[Field], map: &str| Stmt::Vmap {
-        fields: fields.to_vec(),
-        map: map.into(),
     };
 
     let mut services = Vec::new();
@@ -748,10 +751,6 @@ const SERVICE_TABLE_NAT_PRIORITY: i32 = -99;
 pub fn service_table_skeleton(id: TableId) -> Table {
     let family = id.family;
     let addr = family.addr_type();
-    let vmap = |fields: &[Field], map: &str| Stmt::Vmap {
-        fields: fields.to_vec(),
-        map: map.into(),
-    };
     let enter = || vec![Rule::new(vec![jump(CHAIN_SERVICES)])];
     Table {
         family,
@@ -1552,13 +1551,13 @@ fn tables_for(
         }
     }
     for svc in state.services.values() {
-        let rules = service_rules(state, svc, family, config, hints);
+        let mut rules = service_rules(state, svc, family, config, hints);
         let (main, own) = (index(TableId::main(family)), index(rules.table));
-        for (set, e) in &rules.elements {
+        for (set, e) in std::mem::take(&mut rules.elements) {
             elements
                 .entry((index(rules.home(set)), set))
                 .or_default()
-                .push(e.clone());
+                .push(e);
         }
         hairpin.extend(rules.hairpin);
         tables[own].chains.extend(rules.chains);
