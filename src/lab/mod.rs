@@ -11,7 +11,7 @@ pub mod topology;
 use crate::model::{build_state, Objects};
 use crate::ruleset::{Family, Protocol};
 use crate::source::files::{self, Loaded};
-use crate::translate::{usable_endpoints, NodeConfig};
+use crate::translate::{usable_endpoints, NodeConfig, CHAIN_SERVICES};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
@@ -287,7 +287,10 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     // The main table, and the Service tables that hold the demo's Services.
     let shown = ruleset.tables.iter().filter(|t| {
         families.contains(&t.family)
-            && (t.id().shard.is_none() || t.chains.iter().any(|c| c.name.starts_with("svc-")))
+            && (t.id().shard.is_none()
+                || t.chains
+                    .iter()
+                    .any(|c| c.base.is_none() && c.name != CHAIN_SERVICES))
     });
     for table in shown {
         let family = table.family.keyword();
