@@ -50,7 +50,7 @@ fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
         .slices
         .entry(key(i))
         .or_default()
-        .insert(format!("svc-{i:05}-a"), bench_slice(i, addrs));
+        .insert(bench_slice(i, addrs));
 }
 
 /// Runs `f` with a Proxier inside a fresh namespace.

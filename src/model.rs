@@ -161,10 +161,35 @@ pub struct Endpoint {
 }
 
 /// Topology hints the EndpointSlice controller writes (from `trafficDistribution`).
+/// Most endpoints have none, and a cluster has 100k endpoints or more: boxed, so
+/// an endpoint without hints carries one pointer.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Hints {
-    pub for_zones: Vec<String>,
-    pub for_nodes: Vec<String>,
+pub struct Hints(Option<Box<HintLists>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct HintLists {
+    for_zones: Vec<String>,
+    for_nodes: Vec<String>,
+}
+
+impl Hints {
+    pub fn new(for_zones: Vec<String>, for_nodes: Vec<String>) -> Hints {
+        if for_zones.is_empty() && for_nodes.is_empty() {
+            return Hints(None);
+        }
+        Hints(Some(Box::new(HintLists {
+            for_zones,
+            for_nodes,
+        })))
+    }
+
+    pub fn for_zones(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |h| &h.for_zones)
+    }
+
+    pub fn for_nodes(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |h| &h.for_nodes)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,12 +238,64 @@ pub struct NodeInfo {
     pub pod_cidrs: Vec<IpNet>,
 }
 
+/// The EndpointSlices of one Service, by name. Most Services have one or two,
+/// so a sorted vector: a map would allocate a whole tree node per Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slices(Vec<EndpointSlice>);
+
+impl Slices {
+    pub fn get(&self, name: &str) -> Option<&EndpointSlice> {
+        self.find(name).ok().map(|i| &self.0[i])
+    }
+
+    /// Adds the slice, or replaces the one of the same name (returned).
+    pub fn insert(&mut self, slice: EndpointSlice) -> Option<EndpointSlice> {
+        match self.find(&slice.name) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i], slice)),
+            Err(i) => {
+                self.0.insert(i, slice);
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<EndpointSlice> {
+        self.find(name).ok().map(|i| self.0.remove(i))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.0.iter()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut EndpointSlice> {
+        self.0.iter_mut()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|s| s.name.as_str().cmp(name))
+    }
+}
+
+impl FromIterator<EndpointSlice> for Slices {
+    fn from_iter<I: IntoIterator<Item = EndpointSlice>>(iter: I) -> Self {
+        let mut slices = Slices::default();
+        for s in iter {
+            slices.insert(s);
+        }
+        slices
+    }
+}
+
 /// Everything kube-nft proxies, as validated objects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterState {
     pub services: BTreeMap<ServiceKey, Service>,
-    /// Slices by Service, then by slice name.
-    pub slices: BTreeMap<ServiceKey, BTreeMap<String, EndpointSlice>>,
+    /// Slices by Service.
+    pub slices: BTreeMap<ServiceKey, Slices>,
     pub node: Option<NodeInfo>,
 }
 
@@ -696,19 +773,19 @@ pub fn convert_endpoint_slice(
         let hints = ep
             .hints
             .as_ref()
-            .map(|h| Hints {
-                for_zones: h
-                    .for_zones
-                    .iter()
-                    .flatten()
-                    .map(|z| z.name.clone())
-                    .collect(),
-                for_nodes: h
-                    .for_nodes
-                    .iter()
-                    .flatten()
-                    .map(|n| n.name.clone())
-                    .collect(),
+            .map(|h| {
+                Hints::new(
+                    h.for_zones
+                        .iter()
+                        .flatten()
+                        .map(|z| z.name.clone())
+                        .collect(),
+                    h.for_nodes
+                        .iter()
+                        .flatten()
+                        .map(|n| n.name.clone())
+                        .collect(),
+                )
             })
             .unwrap_or_default();
         endpoints.push(Endpoint {
@@ -842,7 +919,7 @@ pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
                     .slices
                     .entry(slice.service.clone())
                     .or_default()
-                    .insert(slice.name.clone(), slice);
+                    .insert(slice);
             }
             Ok(Converted::Skipped(why)) => out.skipped.push((
                 format!(

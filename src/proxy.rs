@@ -364,7 +364,8 @@ impl Proxier {
         let slices = self.state.slices.entry(key.clone()).or_default();
         match slice {
             Some(slice) => {
-                slices.insert(name.to_string(), slice);
+                debug_assert_eq!(slice.name, name);
+                slices.insert(slice);
             }
             None => {
                 slices.remove(name);
@@ -740,10 +741,7 @@ impl Proxier {
 
     fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
         if plan.is_empty() {
-            return Ok(Committed {
-                messages: 0,
-                bytes: 0,
-            });
+            return Ok(Committed::default());
         }
         self.sock.commit(plan.into_batch())
     }

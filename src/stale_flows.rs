@@ -194,7 +194,7 @@ mod tests {
                 .slices
                 .entry(service_key(*i))
                 .or_default()
-                .insert(slice.name.clone(), slice);
+                .insert(slice);
         }
         state
     }
@@ -207,10 +207,7 @@ mod tests {
                 .iter()
                 .map(|i| crate::bench::service_key(*i))
                 .collect(),
-            committed: crate::netlink::Committed {
-                messages: 0,
-                bytes: 0,
-            },
+            committed: crate::netlink::Committed::default(),
             ipvs: None,
             duration: std::time::Duration::ZERO,
         }

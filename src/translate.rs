@@ -379,8 +379,8 @@ impl Topology<'_> {
     fn allows(&self, e: &PortEndpoint) -> bool {
         match self {
             Topology::Any => true,
-            Topology::SameNode(n) => e.hints.for_nodes.iter().any(|h| h == n),
-            Topology::SameZone(z) => e.hints.for_zones.iter().any(|h| h == z),
+            Topology::SameNode(n) => e.hints.for_nodes().iter().any(|h| h == n),
+            Topology::SameZone(z) => e.hints.for_zones().iter().any(|h| h == z),
         }
     }
 }
@@ -396,12 +396,12 @@ fn topology<'a>(eps: &[PortEndpoint], node: Option<&'a NodeInfo>) -> Topology<'a
         !ready.is_empty() && ready.iter().all(|e| hinted(e)) && ready.iter().any(|e| t.allows(e))
     };
     let same_node = Topology::SameNode(&node.name);
-    if applies(&same_node, |e| !e.hints.for_nodes.is_empty()) {
+    if applies(&same_node, |e| !e.hints.for_nodes().is_empty()) {
         return same_node;
     }
     if let Some(zone) = &node.zone {
         let same_zone = Topology::SameZone(zone);
-        if applies(&same_zone, |e| !e.hints.for_zones.is_empty()) {
+        if applies(&same_zone, |e| !e.hints.for_zones().is_empty()) {
             return same_zone;
         }
     }
@@ -1643,9 +1643,11 @@ mod tests {
                     hints: Default::default(),
                 })
                 .collect();
-            state.slices.entry(key(name)).or_default().insert(
-                format!("{name}-{}", family.keyword()),
-                EndpointSlice {
+            state
+                .slices
+                .entry(key(name))
+                .or_default()
+                .insert(EndpointSlice {
                     name: format!("{name}-{}", family.keyword()),
                     service: key(name),
                     family,
@@ -1655,8 +1657,7 @@ mod tests {
                         port: 9376,
                     }],
                     endpoints,
-                },
-            );
+                });
         }
         state
     }

@@ -201,9 +201,7 @@ fn cluster(services: usize, backend: &[IpAddr]) -> (ClusterState, SocketAddr) {
     let m = services / 2;
     state.slices.insert(
         service_key(m),
-        [(format!("svc-{m:05}-a"), bench_slice(m, backend))]
-            .into_iter()
-            .collect(),
+        [bench_slice(m, backend)].into_iter().collect(),
     );
     (state, SocketAddr::new(vip(m), 80))
 }

@@ -126,7 +126,7 @@ pub fn synthetic_state(services: usize, endpoints: usize) -> ClusterState {
             .slices
             .entry(service_key(i))
             .or_default()
-            .insert(format!("svc-{i:05}-a"), bench_slice(i, &addrs));
+            .insert(bench_slice(i, &addrs));
     }
     state
 }
@@ -153,7 +153,7 @@ pub fn peak_rss_kib() -> u64 {
 }
 
 /// The hidden `bench-child` command: one full sync in a fresh process, printed as
-/// `sync_ms messages bytes peak_rss_kib`.
+/// `sync_ms messages bytes peak_rss_kib kernel_ms`.
 pub fn child_sync(
     netns: &str,
     services: usize,
@@ -169,17 +169,19 @@ pub fn child_sync(
     p.replace_state(synthetic_state(services, endpoints));
     let r = p.sync().map_err(|e| e.to_string())?;
     println!(
-        "{:.3} {} {} {}",
+        "{:.3} {} {} {} {:.3}",
         r.duration.as_secs_f64() * 1000.0,
         r.committed.messages,
         r.committed.bytes,
-        peak_rss_kib()
+        peak_rss_kib(),
+        r.committed.kernel.as_secs_f64() * 1000.0,
     );
     Ok(())
 }
 
 struct ChildSync {
     ms: f64,
+    kernel_ms: f64,
     bytes: usize,
     rss_kib: u64,
 }
@@ -212,6 +214,7 @@ fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync
         ms: f.first().and_then(|x| x.parse().ok()).ok_or_else(bad)?,
         bytes: f.get(2).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
         rss_kib: f.get(3).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        kernel_ms: f.get(4).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
     })
 }
 
@@ -276,6 +279,8 @@ pub struct ControlResult {
     pub services: usize,
     pub endpoints: usize,
     pub cold_ms: f64,
+    /// The kernel's share of the cold sync: from sending the batch to its ack.
+    pub cold_kernel_ms: f64,
     pub cold_bytes: usize,
     pub cold_rss_mib: f64,
     pub nft_f_ms: f64,
@@ -346,6 +351,7 @@ pub fn control_plane(
         services,
         endpoints,
         cold_ms: median(cold.iter().map(|c| c.ms).collect()),
+        cold_kernel_ms: median(cold.iter().map(|c| c.kernel_ms).collect()),
         cold_bytes: median_usize(cold.iter().map(|c| c.bytes).collect()),
         cold_rss_mib: median(cold.iter().map(|c| c.rss_kib as f64 / 1024.0).collect()),
         nft_f_ms: median(nft_f),
@@ -406,7 +412,7 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
             s.slices
                 .entry(service_key(j))
                 .or_default()
-                .insert("a".into(), bench_slice(j, &addrs));
+                .insert(bench_slice(j, &addrs));
         })?);
         del.push(measure(&mut p, &key, &|s: &mut ClusterState| {
             s.services.remove(&service_key(j));
@@ -443,15 +449,16 @@ fn fmt_bytes(b: usize) -> String {
 /// The control-plane results as a Markdown table.
 pub fn control_table(results: &[ControlResult]) -> String {
     let mut out = String::new();
-    out.push_str("| Services × endpoints | cold full sync | bytes | peak RSS | `nft -f` same ruleset | ours vs `nft -f` | kube-proxy 1.36 shape via `nft -f` | restart: time, bytes | 1 endpoint changed | 1 Service added | 1 Service deleted |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| Services × endpoints | cold full sync | of which the kernel's commit | bytes | peak RSS | `nft -f` same ruleset | ours vs `nft -f` | kube-proxy 1.36 shape via `nft -f` | restart: time, bytes | 1 endpoint changed | 1 Service added | 1 Service deleted |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in results {
         writeln!(
             out,
-            "| {}k × {} | {} | {} | {:.0} MiB | {} | {:.2}× faster | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
+            "| {}k × {} | {} | {} | {} | {:.0} MiB | {} | {:.2}× faster | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
             r.services / 1000,
             if r.endpoints % r.services == 0 { format!("{}", r.endpoints / r.services) } else { format!("{:.1} ({}k)", r.endpoints as f64 / r.services as f64, r.endpoints / 1000) },
             fmt_ms(r.cold_ms),
+            fmt_ms(r.cold_kernel_ms),
             fmt_bytes(r.cold_bytes),
             r.cold_rss_mib,
             fmt_ms(r.nft_f_ms),

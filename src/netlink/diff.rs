@@ -8,10 +8,10 @@
 //! never see a half state.
 
 use super::lower::{KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable};
-use super::nftables::{write_table, Batch};
+use super::nftables::{replace_tables, Batch};
 use super::view::{fingerprint, RuleView};
 use crate::ruleset::TableId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleOp {
@@ -44,166 +44,181 @@ pub fn diff_rules(old: &[RuleView], new: &[KernelRule]) -> Vec<RuleOp> {
     ops
 }
 
-/// One transaction's worth of operations on any of our tables, grouped by the
-/// phase they must run in.
-#[derive(Debug, Default)]
-pub struct Plan {
+/// The phases of a transaction, in the order the kernel needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
     /// Tables replaced whole (the fallback when a fine-grained change is not possible).
-    rebuild: Vec<KernelTable>,
-    add_tables: Vec<(TableId, Option<Vec<u8>>)>,
-    add_counters: Vec<(TableId, KernelCounter)>,
-    add_sets: Vec<(TableId, KernelSet)>,
-    add_chains: Vec<(TableId, KernelChain)>,
-    rule_ops: Vec<(TableId, String, RuleOp)>,
-    delete_elements: BTreeMap<(TableId, String), Vec<KernelElement>>,
-    add_elements: BTreeMap<(TableId, String), Vec<KernelElement>>,
-    delete_chains: Vec<(TableId, String)>,
-    delete_sets: Vec<(TableId, String)>,
-    delete_counters: Vec<(TableId, String)>,
-    delete_tables: Vec<TableId>,
+    Rebuild,
+    AddTables,
+    AddCounters,
+    AddSets,
+    AddChains,
+    Rules,
+    DeleteElements,
+    AddElements,
+    /// After the elements that point at them.
+    DeleteChains,
+    /// After the rules and chains that refer to them.
+    DeleteSets,
+    /// Once no element names them.
+    DeleteCounters,
+    DeleteTables,
 }
+
+/// One transaction's worth of operations on any of our tables, encoded as they
+/// are planned (a plan of 100k rules would otherwise hold them all as objects
+/// until it is sent) and kept apart by phase and table, so that a table rebuilt
+/// whole drops what was planned for it.
+#[derive(Default)]
+pub struct Plan {
+    parts: BTreeMap<(Phase, TableId), Batch>,
+    rebuilt: BTreeSet<TableId>,
+    // Elements are gathered per set and packed into messages at the end.
+    delete_elements: ElementsBySet,
+    add_elements: ElementsBySet,
+}
+
+type ElementsBySet = BTreeMap<TableId, BTreeMap<String, Vec<KernelElement>>>;
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.rebuild.is_empty()
-            && self.add_tables.is_empty()
-            && self.add_counters.is_empty()
-            && self.add_sets.is_empty()
-            && self.add_chains.is_empty()
-            && self.rule_ops.is_empty()
+        self.parts.values().all(Batch::is_empty)
             && self.delete_elements.is_empty()
             && self.add_elements.is_empty()
-            && self.delete_chains.is_empty()
-            && self.delete_sets.is_empty()
-            && self.delete_counters.is_empty()
-            && self.delete_tables.is_empty()
     }
 
+    /// Where to encode an operation on `table`; none once the table is rebuilt.
+    fn part(&mut self, phase: Phase, table: TableId) -> Option<&mut Batch> {
+        if self.rebuilt.contains(&table) {
+            return None;
+        }
+        Some(self.parts.entry((phase, table)).or_default())
+    }
+
+    /// Replaces the table whole, instead of anything else planned for it.
     pub fn rebuild(&mut self, table: KernelTable) {
-        self.rebuild.push(table);
+        let id = table.id();
+        self.parts.retain(|(_, t), _| *t != id);
+        self.delete_elements.remove(&id);
+        self.add_elements.remove(&id);
+        let b = self.parts.entry((Phase::Rebuild, id)).or_default();
+        replace_tables(b, std::slice::from_ref(&table));
+        self.rebuilt.insert(id);
     }
 
     pub fn add_table(&mut self, table: TableId, userdata: Option<Vec<u8>>) {
-        self.add_tables.push((table, userdata));
+        if let Some(b) = self.part(Phase::AddTables, table) {
+            b.add_table(table.family, table.name(), userdata.as_deref());
+        }
     }
 
     /// Deletes a whole table (one we no longer use), last.
     pub fn delete_table(&mut self, table: TableId) {
-        self.delete_tables.push(table);
+        if let Some(b) = self.part(Phase::DeleteTables, table) {
+            b.delete_table(table.family, table.name());
+        }
     }
 
     pub fn add_counter(&mut self, table: TableId, counter: KernelCounter) {
-        self.add_counters.push((table, counter));
+        if let Some(b) = self.part(Phase::AddCounters, table) {
+            b.add_counter(table.family, table.name(), &counter);
+        }
     }
 
-    /// Deletes a counter once no element names it: after elements and sets go.
     pub fn delete_counter(&mut self, table: TableId, name: &str) {
-        self.delete_counters.push((table, name.to_string()));
+        if let Some(b) = self.part(Phase::DeleteCounters, table) {
+            b.delete_counter(table.family, table.name(), name);
+        }
     }
 
     pub fn add_set(&mut self, table: TableId, set: KernelSet) {
-        self.add_sets.push((table, set));
+        if let Some(b) = self.part(Phase::AddSets, table) {
+            b.add_set(table.family, table.name(), &set);
+        }
     }
 
     /// Creates the chain and appends its rules.
-    pub fn add_chain(&mut self, table: TableId, mut chain: KernelChain) {
-        for r in std::mem::take(&mut chain.rules) {
-            self.rule_ops
-                .push((table, chain.name.clone(), RuleOp::Append(r)));
+    pub fn add_chain(&mut self, table: TableId, chain: KernelChain) {
+        if let Some(b) = self.part(Phase::AddChains, table) {
+            b.add_chain(table.family, table.name(), &chain);
         }
-        self.add_chains.push((table, chain));
+        let ops = chain.rules.into_iter().map(RuleOp::Append).collect();
+        self.rules(table, &chain.name, ops);
     }
 
     pub fn rules(&mut self, table: TableId, chain: &str, ops: Vec<RuleOp>) {
-        self.rule_ops
-            .extend(ops.into_iter().map(|op| (table, chain.to_string(), op)));
+        let Some(b) = self.part(Phase::Rules, table) else {
+            return;
+        };
+        let (f, t) = (table.family, table.name());
+        for op in ops {
+            match op {
+                RuleOp::Append(r) => b.add_rule(f, t, chain, &r),
+                RuleOp::InsertAtHead(r) => b.insert_rule(f, t, chain, &r),
+                RuleOp::Replace(h, r) => b.replace_rule(f, t, chain, h, &r),
+                RuleOp::Delete(h) => b.delete_rule(f, t, chain, h),
+            }
+        }
     }
 
     pub fn delete_chain(&mut self, table: TableId, chain: &str) {
-        self.delete_chains.push((table, chain.to_string()));
+        if let Some(b) = self.part(Phase::DeleteChains, table) {
+            b.flush_chain(table.family, table.name(), chain);
+            b.delete_chain(table.family, table.name(), chain);
+        }
     }
 
-    /// Deletes a set once nothing refers to it: after rules and chains go.
     pub fn delete_set(&mut self, table: TableId, set: &str) {
-        self.delete_sets.push((table, set.to_string()));
+        if let Some(b) = self.part(Phase::DeleteSets, table) {
+            b.delete_set(table.family, table.name(), set);
+        }
     }
 
     pub fn add_element(&mut self, table: TableId, set: &str, e: KernelElement) {
-        self.add_elements
-            .entry((table, set.to_string()))
-            .or_default()
-            .push(e);
+        if !self.rebuilt.contains(&table) {
+            elements_of(&mut self.add_elements, table, set).push(e);
+        }
     }
 
     pub fn delete_element(&mut self, table: TableId, set: &str, e: KernelElement) {
-        self.delete_elements
-            .entry((table, set.to_string()))
-            .or_default()
-            .push(e);
+        if !self.rebuilt.contains(&table) {
+            elements_of(&mut self.delete_elements, table, set).push(e);
+        }
     }
 
     /// The plan as one transaction, in an order the kernel accepts.
-    pub fn into_batch(self) -> Batch {
-        let mut b = Batch::new();
-        let rebuilt: Vec<TableId> = self.rebuild.iter().map(|k| k.id()).collect();
-        for table in &self.rebuild {
-            b.add_table(table.family, &table.name, None);
-            b.delete_table(table.family, &table.name);
-            write_table(&mut b, table);
-        }
-        // Everything else concerns tables that are not being rebuilt.
-        let keep = |t: &TableId| !rebuilt.contains(t);
-        let at = |t: &TableId| (t.family, t.name());
-        for (t, ud) in self.add_tables.iter().filter(|x| keep(&x.0)) {
-            b.add_table(t.family, t.name(), ud.as_deref());
-        }
-        for (t, c) in self.add_counters.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.add_counter(f, t, c);
-        }
-        for (t, s) in self.add_sets.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.add_set(f, t, s);
-        }
-        for (t, c) in self.add_chains.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.add_chain(f, t, c);
-        }
-        for (t, chain, op) in self.rule_ops.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            match op {
-                RuleOp::Append(r) => b.add_rule(f, t, chain, r),
-                RuleOp::InsertAtHead(r) => b.insert_rule(f, t, chain, r),
-                RuleOp::Replace(h, r) => b.replace_rule(f, t, chain, *h, r),
-                RuleOp::Delete(h) => b.delete_rule(f, t, chain, *h),
+    pub fn into_batch(mut self) -> Batch {
+        for (t, sets) in std::mem::take(&mut self.delete_elements) {
+            let b = self.parts.entry((Phase::DeleteElements, t)).or_default();
+            for (set, els) in sets {
+                b.delete_elements(t.family, t.name(), &set, &els);
             }
         }
-        for ((t, set), els) in self.delete_elements.iter().filter(|x| keep(&x.0 .0)) {
-            let (f, t) = at(t);
-            b.delete_elements(f, t, set, els);
+        for (t, sets) in std::mem::take(&mut self.add_elements) {
+            let b = self.parts.entry((Phase::AddElements, t)).or_default();
+            for (set, els) in sets {
+                b.add_elements(t.family, t.name(), &set, &els);
+            }
         }
-        for ((t, set), els) in self.add_elements.iter().filter(|x| keep(&x.0 .0)) {
-            let (f, t) = at(t);
-            b.add_elements(f, t, set, els);
+        let mut batch = Batch::new();
+        for (_, part) in self.parts {
+            batch.append(part);
         }
-        for (t, chain) in self.delete_chains.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.flush_chain(f, t, chain);
-            b.delete_chain(f, t, chain);
-        }
-        for (t, set) in self.delete_sets.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.delete_set(f, t, set);
-        }
-        for (t, name) in self.delete_counters.iter().filter(|x| keep(&x.0)) {
-            let (f, t) = at(t);
-            b.delete_counter(f, t, name);
-        }
-        for t in self.delete_tables.iter().filter(|t| keep(t)) {
-            b.delete_table(t.family, t.name());
-        }
-        b
+        batch
     }
+}
+
+fn elements_of<'a>(
+    by_set: &'a mut ElementsBySet,
+    table: TableId,
+    set: &str,
+) -> &'a mut Vec<KernelElement> {
+    let sets = by_set.entry(table).or_default();
+    // Looked up before inserting: most calls find the set, and need no key.
+    if !sets.contains_key(set) {
+        sets.insert(set.to_string(), Vec::new());
+    }
+    sets.get_mut(set).expect("just inserted")
 }
 
 #[cfg(test)]
@@ -225,6 +240,53 @@ mod tests {
             .enumerate()
             .map(|(i, t)| rule_view(100 + i as u64, &rule(t)))
             .collect()
+    }
+
+    #[test]
+    fn a_plan_goes_phase_by_phase_and_a_rebuilt_table_drops_its_other_operations() {
+        use crate::ruleset::Family;
+        let (main, shard) = (TableId::main(Family::Ip), TableId::shard(Family::Ip, 3));
+        let chain = |name: &str, rules: Vec<KernelRule>| KernelChain {
+            name: name.into(),
+            base: None,
+            userdata: None,
+            rules,
+        };
+        let element = KernelElement {
+            key: vec![10, 0, 0, 1],
+            data: None,
+            userdata: None,
+        };
+        let mut plan = Plan::default();
+        plan.delete_chain(shard, "svc-old");
+        plan.add_element(shard, "service-ips", element.clone());
+        plan.add_chain(shard, chain("svc-new", vec![rule("a")]));
+        plan.add_chain(main, chain("dropped", Vec::new()));
+        plan.delete_element(main, "cluster-ips", element);
+        plan.rebuild(KernelTable {
+            family: Family::Ip,
+            name: main.name().into(),
+            userdata: None,
+            counters: Vec::new(),
+            sets: Vec::new(),
+            chains: vec![chain("kept", Vec::new())],
+        });
+        plan.add_chain(main, chain("also-dropped", Vec::new()));
+        let (m, s) = ("ip kube-nft", "ip kube-nft-services-03");
+        assert_eq!(
+            plan.into_batch().finish().described(),
+            [
+                format!("add table {m}"),
+                format!("delete table {m}"),
+                format!("add table {m}"),
+                format!("add chain {m} kept"),
+                format!("add chain {s} svc-new"),
+                format!("add rule to {s} chain svc-new"),
+                format!("add 1 element(s) of {s} service-ips"),
+                format!("flush chain {s} svc-old"),
+                format!("delete chain {s} svc-old"),
+            ]
+        );
     }
 
     #[test]

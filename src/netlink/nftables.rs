@@ -5,6 +5,7 @@
 //! asks for an ack; any failing message is reported with its sequence number, which
 //! maps back to a description of the object the kernel refused.
 
+use super::attr::align4;
 use super::attr::{AttrWriter, Attrs, ParseError, Payload};
 use super::expr::{
     parse_data, parse_list, write_verdict, Data, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
@@ -13,12 +14,16 @@ use super::lower::{
     KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, OBJECT_COUNTER,
 };
 use super::message::{
-    exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, Refusal, NLMSG_ERROR,
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, NlMsg, Refusal, NLMSG_ERROR,
+    NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped, TableId};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
-use std::io;
+use rustix::net::{SendAncillaryBuffer, SendFlags};
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_CREATE: u16 = 0x400;
@@ -82,21 +87,23 @@ impl From<Refusal> for NftError {
 }
 
 /// One nf_tables transaction being built.
+///
+/// Messages are encoded as they are added, into chunks of about `CHUNK_BYTES`
+/// that never split a message: a large transaction is not copied as it grows,
+/// batches join by moving chunks, and `sendmsg` gathers the chunks. Sequence
+/// numbers are given in send order when the batch is finished; a refused
+/// message is described by decoding it again, so no description is kept.
+#[derive(Default)]
 pub struct Batch {
-    buf: Vec<u8>,
-    seq: u32,
-    /// (sequence number, what the message does), to name a refused object.
-    described: Vec<(u32, String)>,
-    last_msg_at: Option<usize>,
-    /// The kernel requires a transaction-unique id on every new set.
-    next_set_id: u32,
+    chunks: Vec<Vec<u8>>,
+    messages: usize,
 }
 
-impl Default for Batch {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// The kernel requires a transaction-unique id on every new set. A process-wide
+/// counter keeps ids unique across batches that are later joined.
+static NEXT_SET_ID: AtomicU32 = AtomicU32::new(1);
 
 /// A netfilter message header: nlmsghdr, then nfgenmsg.
 pub(crate) fn put_header(
@@ -114,34 +121,67 @@ pub(crate) fn put_header(
     at
 }
 
+/// A finished transaction: BATCH_BEGIN, the messages, BATCH_END, in chunks.
+pub struct Transaction {
+    chunks: Vec<Vec<u8>>,
+    messages: usize,
+    last_seq: u32,
+}
+
+impl Transaction {
+    pub fn bytes(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    /// Every message, framing included, in send order.
+    fn each_message(&self) -> impl Iterator<Item = NlMsg<'_>> {
+        self.chunks
+            .iter()
+            .flat_map(|c| split_messages(c).unwrap_or_default())
+    }
+
+    /// Every object message described, in send order.
+    #[cfg(test)]
+    pub(crate) fn described(&self) -> Vec<String> {
+        (1..=self.last_seq).map(|seq| self.describe(seq)).collect()
+    }
+
+    /// What the message with this sequence number does, in `nft`'s words.
+    pub fn describe(&self, seq: u32) -> String {
+        self.each_message()
+            .find(|m| m.seq == seq && m.kind >> 8 == NFNL_SUBSYS_NFTABLES)
+            .and_then(|m| describe_message(&m))
+            .unwrap_or_else(|| format!("apply message {seq}"))
+    }
+}
+
 impl Batch {
     pub fn new() -> Self {
-        let mut buf = Vec::with_capacity(4096);
-        let at = put_header(
-            &mut buf,
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            0,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        finish_msg(&mut buf, at);
-        Batch {
-            buf,
-            seq: 1,
-            described: Vec::new(),
-            last_msg_at: None,
-            next_set_id: 1,
-        }
+        Self::default()
     }
 
     /// Number of object messages (not counting the batch framing).
     pub fn len(&self) -> usize {
-        self.described.len()
+        self.messages
     }
 
     pub fn is_empty(&self) -> bool {
-        self.described.is_empty()
+        self.messages == 0
+    }
+
+    /// Appends another batch's messages after this one's.
+    pub fn append(&mut self, other: Batch) {
+        for chunk in other.chunks {
+            match self.chunks.last_mut() {
+                // Small pieces are copied, so a plan of many small parts does
+                // not become a gather list of many small slices.
+                Some(last) if last.len() + chunk.len() <= CHUNK_BYTES => {
+                    last.extend_from_slice(&chunk)
+                }
+                _ => self.chunks.push(chunk),
+            }
+        }
+        self.messages += other.messages;
     }
 
     fn message(
@@ -149,36 +189,35 @@ impl Batch {
         kind: u16,
         flags: u16,
         family: Family,
-        what: String,
         body: impl FnOnce(&mut AttrWriter),
     ) {
-        let seq = self.seq;
-        self.seq += 1;
-        let buf = std::mem::take(&mut self.buf);
+        match self.chunks.last() {
+            // Most batches are small: the first chunk grows as needed.
+            None => self.chunks.push(Vec::new()),
+            Some(c) if c.len() >= CHUNK_BYTES => self
+                .chunks
+                .push(Vec::with_capacity(CHUNK_BYTES + MAX_ELEMENTS_BYTES + 4096)),
+            Some(_) => {}
+        }
+        let chunk = self.chunks.last_mut().expect("a chunk");
+        let mut buf = std::mem::take(chunk);
+        let at = put_header(
+            &mut buf,
+            msg_type(kind),
+            NLM_F_REQUEST | flags,
+            0,
+            family.nfproto(),
+            0,
+        );
         let mut w = AttrWriter::over(buf);
-        let at = {
-            let mut b = w.into_bytes();
-            let at = put_header(
-                &mut b,
-                msg_type(kind),
-                NLM_F_REQUEST | flags,
-                seq,
-                family.nfproto(),
-                0,
-            );
-            w = AttrWriter::over(b);
-            at
-        };
         body(&mut w);
-        self.buf = w.into_bytes();
-        finish_msg(&mut self.buf, at);
-        self.last_msg_at = Some(at);
-        self.described.push((seq, what));
+        *chunk = w.into_bytes();
+        finish_msg(chunk, at);
+        self.messages += 1;
     }
 
     pub fn add_table(&mut self, family: Family, name: &str, userdata: Option<&[u8]>) {
-        let what = format!("add table {} {name}", family.keyword());
-        self.message(NEWTABLE, NLM_F_CREATE, family, what, |w| {
+        self.message(NEWTABLE, NLM_F_CREATE, family, |w| {
             w.put_str(1, name);
             w.put_u32(2, 0);
             if let Some(u) = userdata {
@@ -188,14 +227,12 @@ impl Batch {
     }
 
     pub fn delete_table(&mut self, family: Family, name: &str) {
-        let what = format!("delete table {} {name}", family.keyword());
-        self.message(DELTABLE, 0, family, what, |w| w.put_str(1, name));
+        self.message(DELTABLE, 0, family, |w| w.put_str(1, name));
     }
 
     /// Creates the chain, without its rules.
     pub fn add_chain(&mut self, family: Family, table: &str, chain: &KernelChain) {
-        let what = format!("add chain {} {table} {}", family.keyword(), chain.name);
-        self.message(NEWCHAIN, NLM_F_CREATE, family, what, |w| {
+        self.message(NEWCHAIN, NLM_F_CREATE, family, |w| {
             w.put_str(1, table);
             w.put_str(3, &chain.name);
             if let Some(base) = chain.base {
@@ -213,26 +250,22 @@ impl Batch {
     }
 
     pub fn flush_chain(&mut self, family: Family, table: &str, chain: &str) {
-        let what = format!("flush chain {} {table} {chain}", family.keyword());
-        self.message(DELRULE, 0, family, what, |w| {
+        self.message(DELRULE, 0, family, |w| {
             w.put_str(1, table);
             w.put_str(2, chain);
         });
     }
 
     pub fn delete_chain(&mut self, family: Family, table: &str, chain: &str) {
-        let what = format!("delete chain {} {table} {chain}", family.keyword());
-        self.message(DELCHAIN, 0, family, what, |w| {
+        self.message(DELCHAIN, 0, family, |w| {
             w.put_str(1, table);
             w.put_str(3, chain);
         });
     }
 
     pub fn add_rule(&mut self, family: Family, table: &str, chain: &str, rule: &KernelRule) {
-        let what = format!("add rule to {} {table} chain {chain}", family.keyword());
         self.rule_message(
             NLM_F_CREATE | NLM_F_APPEND,
-            what,
             family,
             table,
             chain,
@@ -250,42 +283,25 @@ impl Batch {
         handle: u64,
         rule: &KernelRule,
     ) {
-        let what = format!(
-            "replace rule {handle} in {} {table} chain {chain}",
-            family.keyword()
-        );
-        self.rule_message(
-            NLM_F_REPLACE,
-            what,
-            family,
-            table,
-            chain,
-            Some(handle),
-            rule,
-        );
+        self.rule_message(NLM_F_REPLACE, family, table, chain, Some(handle), rule);
     }
 
     /// Inserts the rule at the head of the chain (no NLM_F_APPEND, no position).
     pub fn insert_rule(&mut self, family: Family, table: &str, chain: &str, rule: &KernelRule) {
-        let what = format!(
-            "insert rule into {} {table} chain {chain}",
-            family.keyword()
-        );
-        self.rule_message(NLM_F_CREATE, what, family, table, chain, None, rule);
+        self.rule_message(NLM_F_CREATE, family, table, chain, None, rule);
     }
 
     #[allow(clippy::too_many_arguments)]
     fn rule_message(
         &mut self,
         flags: u16,
-        what: String,
         family: Family,
         table: &str,
         chain: &str,
         handle: Option<u64>,
         rule: &KernelRule,
     ) {
-        self.message(NEWRULE, flags, family, what, |w| {
+        self.message(NEWRULE, flags, family, |w| {
             w.put_str(1, table);
             w.put_str(2, chain);
             if let Some(h) = handle {
@@ -303,11 +319,7 @@ impl Batch {
     }
 
     pub fn delete_rule(&mut self, family: Family, table: &str, chain: &str, handle: u64) {
-        let what = format!(
-            "delete rule {handle} from {} {table} chain {chain}",
-            family.keyword()
-        );
-        self.message(DELRULE, 0, family, what, |w| {
+        self.message(DELRULE, 0, family, |w| {
             w.put_str(1, table);
             w.put_str(2, chain);
             w.put_u64(3, handle);
@@ -316,10 +328,8 @@ impl Batch {
 
     /// Creates the set, without its elements.
     pub fn add_set(&mut self, family: Family, table: &str, set: &KernelSet) {
-        let what = format!("add set {} {table} {}", family.keyword(), set.name);
-        let id = self.next_set_id;
-        self.next_set_id += 1;
-        self.message(NEWSET, NLM_F_CREATE, family, what, |w| {
+        let id = NEXT_SET_ID.fetch_add(1, Ordering::Relaxed);
+        self.message(NEWSET, NLM_F_CREATE, family, |w| {
             w.put_str(1, table);
             w.put_str(2, &set.name);
             w.put_u32(3, set.flags);
@@ -348,8 +358,7 @@ impl Batch {
     /// Creates a named counter at zero; one that exists already keeps its values
     /// (the kernel treats a second create without `NLM_F_EXCL` as done).
     pub fn add_counter(&mut self, family: Family, table: &str, counter: &KernelCounter) {
-        let what = format!("add counter {} {table} {}", family.keyword(), counter.name);
-        self.message(NEWOBJ, NLM_F_CREATE, family, what, |w| {
+        self.message(NEWOBJ, NLM_F_CREATE, family, |w| {
             w.put_str(1, table);
             w.put_str(2, &counter.name);
             w.put_u32(3, OBJECT_COUNTER);
@@ -364,8 +373,7 @@ impl Batch {
     }
 
     pub fn delete_counter(&mut self, family: Family, table: &str, name: &str) {
-        let what = format!("delete counter {} {table} {name}", family.keyword());
-        self.message(DELOBJ, 0, family, what, |w| {
+        self.message(DELOBJ, 0, family, |w| {
             w.put_str(1, table);
             w.put_str(2, name);
             w.put_u32(3, OBJECT_COUNTER);
@@ -373,8 +381,7 @@ impl Batch {
     }
 
     pub fn delete_set(&mut self, family: Family, table: &str, set: &str) {
-        let what = format!("delete set {} {table} {set}", family.keyword());
-        self.message(DELSET, 0, family, what, |w| {
+        self.message(DELSET, 0, family, |w| {
             w.put_str(1, table);
             w.put_str(2, set);
         });
@@ -387,16 +394,7 @@ impl Batch {
         set: &str,
         elements: &[KernelElement],
     ) {
-        self.elements(
-            NEWSETELEM,
-            NLM_F_CREATE,
-            "add",
-            family,
-            table,
-            set,
-            elements,
-            true,
-        );
+        self.elements(NEWSETELEM, NLM_F_CREATE, family, table, set, elements, true);
     }
 
     pub fn delete_elements(
@@ -406,7 +404,7 @@ impl Batch {
         set: &str,
         elements: &[KernelElement],
     ) {
-        self.elements(DELSETELEM, 0, "delete", family, table, set, elements, false);
+        self.elements(DELSETELEM, 0, family, table, set, elements, false);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -414,80 +412,145 @@ impl Batch {
         &mut self,
         kind: u16,
         flags: u16,
-        verb: &str,
         family: Family,
         table: &str,
         set: &str,
         elements: &[KernelElement],
         with_data: bool,
     ) {
-        let encoded: Vec<Vec<u8>> = elements
-            .iter()
-            .map(|e| {
-                let mut w = AttrWriter::new();
-                w.nest(1, |w| {
-                    w.nest(1, |w| w.put(NFTA_DATA_VALUE, &e.key));
-                    match (with_data, &e.data) {
-                        (true, Some(Mapped::Verdict(v))) => {
-                            w.nest(2, |w| w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v)))
-                        }
-                        (true, Some(Mapped::Counter(name))) => w.put_str(SET_ELEM_OBJREF, name),
-                        _ => {}
+        let encode = |e: &KernelElement, scratch: Vec<u8>| {
+            let mut w = AttrWriter::over(scratch);
+            w.nest(1, |w| {
+                w.nest(1, |w| w.put(NFTA_DATA_VALUE, &e.key));
+                match (with_data, &e.data) {
+                    (true, Some(Mapped::Verdict(v))) => {
+                        w.nest(2, |w| w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v)))
                     }
-                    if let (true, Some(u)) = (with_data, &e.userdata) {
-                        w.put(6, u);
-                    }
-                });
-                w.into_bytes()
-            })
-            .collect();
-        let mut start = 0;
-        while start < encoded.len() {
-            let (mut end, mut size) = (start, 0);
-            while end < encoded.len()
-                && (end == start || size + encoded[end].len() <= MAX_ELEMENTS_BYTES)
-            {
-                size += encoded[end].len();
-                end += 1;
-            }
-            let what = format!(
-                "{verb} {} element(s) of {} {table} {set}",
-                end - start,
-                family.keyword()
-            );
-            let chunk = &encoded[start..end];
-            self.message(kind, flags, family, what, |w| {
+                    (true, Some(Mapped::Counter(name))) => w.put_str(SET_ELEM_OBJREF, name),
+                    _ => {}
+                }
+                if let (true, Some(u)) = (with_data, &e.userdata) {
+                    w.put(6, u);
+                }
+            });
+            w.into_bytes()
+        };
+        let mut rest = elements.iter().peekable();
+        let mut scratch = Vec::new();
+        while rest.peek().is_some() {
+            self.message(kind, flags, family, |w| {
                 w.put_str(1, table);
                 w.put_str(2, set);
                 w.nest(3, |w| {
-                    for e in chunk {
-                        w.put_raw(e);
+                    let mut size = 0;
+                    while let Some(e) = rest.peek() {
+                        scratch.clear();
+                        scratch = encode(e, std::mem::take(&mut scratch));
+                        if size > 0 && size + scratch.len() > MAX_ELEMENTS_BYTES {
+                            break;
+                        }
+                        size += scratch.len();
+                        w.put_raw(&scratch);
+                        rest.next();
                     }
                 });
             });
-            start = end;
         }
     }
 
-    /// Closes the batch: the last object message asks for the ack.
-    fn finish(mut self) -> (Vec<u8>, Vec<(u32, String)>) {
-        if let Some(at) = self.last_msg_at {
-            let flags_at = at + 6;
-            let flags =
-                u16::from_ne_bytes([self.buf[flags_at], self.buf[flags_at + 1]]) | NLM_F_ACK;
-            self.buf[flags_at..flags_at + 2].copy_from_slice(&flags.to_ne_bytes());
+    /// Closes the batch: numbers the messages in send order, frames them, and
+    /// has the last object message ask for the ack.
+    pub fn finish(self) -> Transaction {
+        let mut seq = 0u32;
+        let mut last: Option<(usize, usize)> = None;
+        let mut chunks = self.chunks;
+        for (i, chunk) in chunks.iter_mut().enumerate() {
+            let mut at = 0;
+            while at + NLMSG_HDRLEN <= chunk.len() {
+                seq += 1;
+                chunk[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
+                last = Some((i, at));
+                let len = u32::from_ne_bytes(chunk[at..at + 4].try_into().expect("4 bytes"));
+                at += align4(len as usize);
+            }
         }
-        let at = put_header(
-            &mut self.buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            self.seq,
-            0,
-            NFNL_SUBSYS_NFTABLES,
-        );
-        finish_msg(&mut self.buf, at);
-        (self.buf, self.described)
+        if let Some((i, at)) = last {
+            let flags_at = at + 6;
+            let c = &mut chunks[i];
+            let flags = u16::from_ne_bytes([c[flags_at], c[flags_at + 1]]) | NLM_F_ACK;
+            c[flags_at..flags_at + 2].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let framing = |kind, seq| {
+            let mut b = Vec::new();
+            let at = put_header(&mut b, kind, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES);
+            finish_msg(&mut b, at);
+            b
+        };
+        chunks.insert(0, framing(NFNL_MSG_BATCH_BEGIN, 0));
+        chunks.push(framing(NFNL_MSG_BATCH_END, seq + 1));
+        Transaction {
+            chunks,
+            messages: self.messages,
+            last_seq: seq,
+        }
     }
+}
+
+/// Decodes one of our batch messages back into the words `Batch` was asked
+/// for: "add rule to ip kube-nft chain services", "add 3 element(s) of ...".
+fn describe_message(m: &NlMsg) -> Option<String> {
+    let family = match m.payload.first()? {
+        2 => Family::Ip,
+        10 => Family::Ip6,
+        _ => return None,
+    };
+    let fam = family.keyword();
+    let mut strs: HashMap<u16, String> = HashMap::new();
+    let (mut handle, mut elements) = (None, 0);
+    for a in Attrs::new(m.payload.get(4..)?) {
+        let (kind, payload) = a.ok()?;
+        match kind {
+            3 if m.kind & 0xff == NEWRULE || m.kind & 0xff == DELRULE => {
+                handle = Payload::new("rule", kind, payload).u64().ok()
+            }
+            3 if m.kind & 0xff == NEWSETELEM || m.kind & 0xff == DELSETELEM => {
+                elements = Attrs::new(payload).count()
+            }
+            _ => {
+                if let Ok(s) = Payload::new("message", kind, payload).string() {
+                    strs.insert(kind, s);
+                }
+            }
+        }
+    }
+    let s = |k: u16| strs.get(&k).map(String::as_str).unwrap_or("?");
+    let table = s(1);
+    Some(match m.kind & 0xff {
+        NEWTABLE => format!("add table {fam} {table}"),
+        DELTABLE => format!("delete table {fam} {table}"),
+        NEWCHAIN => format!("add chain {fam} {table} {}", s(3)),
+        DELCHAIN => format!("delete chain {fam} {table} {}", s(3)),
+        NEWRULE if m.flags & NLM_F_REPLACE != 0 => format!(
+            "replace rule {} in {fam} {table} chain {}",
+            handle.unwrap_or(0),
+            s(2)
+        ),
+        NEWRULE if m.flags & NLM_F_APPEND != 0 => {
+            format!("add rule to {fam} {table} chain {}", s(2))
+        }
+        NEWRULE => format!("insert rule into {fam} {table} chain {}", s(2)),
+        DELRULE => match handle {
+            Some(h) => format!("delete rule {h} from {fam} {table} chain {}", s(2)),
+            None => format!("flush chain {fam} {table} {}", s(2)),
+        },
+        NEWSET => format!("add set {fam} {table} {}", s(2)),
+        DELSET => format!("delete set {fam} {table} {}", s(2)),
+        NEWOBJ => format!("add counter {fam} {table} {}", s(2)),
+        DELOBJ => format!("delete counter {fam} {table} {}", s(2)),
+        NEWSETELEM => format!("add {elements} element(s) of {fam} {table} {}", s(2)),
+        DELSETELEM => format!("delete {elements} element(s) of {fam} {table} {}", s(2)),
+        _ => return None,
+    })
 }
 
 impl AttrWriter {
@@ -500,10 +563,12 @@ impl AttrWriter {
 }
 
 /// What a committed transaction cost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Committed {
     pub messages: usize,
     pub bytes: usize,
+    /// From sending the batch to the kernel's answer: the kernel's share of a sync.
+    pub kernel: Duration,
 }
 
 /// A netlink socket speaking nf_tables, bound in the network namespace of the
@@ -535,22 +600,25 @@ impl NftSocket {
 
     /// Sends the batch as one transaction. On error nothing was committed.
     pub fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
-        let messages = batch.len();
-        if messages == 0 {
-            return Ok(Committed {
-                messages: 0,
-                bytes: 0,
-            });
+        if batch.is_empty() {
+            return Ok(Committed::default());
         }
-        let (bytes, described) = batch.finish();
-        let last_seq = described.last().map(|d| d.0).unwrap_or(0);
-        rustix::net::sockopt::set_socket_send_buffer_size_force(
+        let tx = batch.finish();
+        let sending = Instant::now();
+        let bytes = tx.bytes();
+        rustix::net::sockopt::set_socket_send_buffer_size_force(&self.sock, bytes + (64 << 10))
+            .map_err(io::Error::from)?;
+        // One datagram: the kernel applies a batch only from a single sendmsg.
+        let iov: Vec<IoSlice> = tx.chunks.iter().map(|c| IoSlice::new(c)).collect();
+        let sent = rustix::net::sendmsg(
             &self.sock,
-            bytes.len() + (64 << 10),
+            &iov,
+            &mut SendAncillaryBuffer::default(),
+            SendFlags::empty(),
         )
         .map_err(io::Error::from)?;
-        let sent = self.sock.send(&bytes, 0)?;
-        if sent != bytes.len() {
+        drop(iov);
+        if sent != bytes {
             return Err(NftError::Io(io::Error::other("short netlink send")));
         }
         let mut first_error: Option<NftError> = None;
@@ -564,24 +632,20 @@ impl NftSocket {
                 }
                 let (errno, detail) = parse_error(&msg);
                 if errno != 0 && first_error.is_none() {
-                    let what = described
-                        .iter()
-                        .find(|(s, _)| *s == msg.seq)
-                        .map(|(_, w)| w.clone())
-                        .unwrap_or_else(|| format!("apply message {}", msg.seq));
                     first_error = Some(NftError::Refused {
-                        what,
+                        what: tx.describe(msg.seq),
                         source: io::Error::from_raw_os_error(-errno),
                         detail,
                     });
                 }
                 // Errors for earlier messages are delivered before the last one's answer.
-                if msg.seq == last_seq {
+                if msg.seq == tx.last_seq {
                     return match first_error {
                         Some(e) => Err(e),
                         None => Ok(Committed {
-                            messages,
-                            bytes: bytes.len(),
+                            messages: tx.messages,
+                            bytes,
+                            kernel: sending.elapsed(),
                         }),
                     };
                 }
@@ -1048,14 +1112,111 @@ mod tests {
         let mut b = Batch::new();
         b.add_table(Family::Ip, "kube-nft", None);
         b.delete_table(Family::Ip, "kube-nft");
-        let (bytes, described) = b.finish();
-        let msgs = split_messages(&bytes).unwrap();
+        let tx = b.finish();
+        let msgs: Vec<NlMsg> = tx.each_message().collect();
         assert_eq!(msgs.len(), 4);
         assert_eq!(msgs[0].kind, NFNL_MSG_BATCH_BEGIN);
         assert_eq!(msgs[3].kind, NFNL_MSG_BATCH_END);
         assert_eq!(msgs[1].flags & NLM_F_ACK, 0);
         assert_ne!(msgs[2].flags & NLM_F_ACK, 0);
-        assert_eq!(described[1], (2, "delete table ip kube-nft".to_string()));
+        let seqs: Vec<u32> = msgs.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, [0, 1, 2, 3]);
+        assert_eq!(tx.last_seq, 2);
+        assert_eq!(tx.describe(2), "delete table ip kube-nft");
+    }
+
+    #[test]
+    fn a_refused_message_is_described_from_its_bytes() {
+        let rule = KernelRule {
+            handle: None,
+            exprs: Vec::new(),
+            userdata: None,
+        };
+        let chain = KernelChain {
+            name: "svc-x".into(),
+            base: None,
+            userdata: None,
+            rules: Vec::new(),
+        };
+        let set = KernelSet {
+            name: "service-ips".into(),
+            flags: 0,
+            key_type: 7,
+            key_len: 4,
+            data_type: None,
+            obj_type: None,
+            timeout_ms: None,
+            size: None,
+            userdata: None,
+            elements: Vec::new(),
+        };
+        let counter = KernelCounter {
+            name: "c".into(),
+            userdata: None,
+        };
+        let element = KernelElement {
+            key: vec![10, 0, 0, 1],
+            data: None,
+            userdata: None,
+        };
+        let (f, t) = (Family::Ip6, "kube-nft-services-07");
+        let mut b = Batch::new();
+        b.add_table(f, t, None);
+        b.add_chain(f, t, &chain);
+        b.add_set(f, t, &set);
+        b.add_counter(f, t, &counter);
+        b.add_rule(f, t, "svc-x", &rule);
+        b.insert_rule(f, t, "svc-x", &rule);
+        b.replace_rule(f, t, "svc-x", 42, &rule);
+        b.delete_rule(f, t, "svc-x", 43);
+        b.add_elements(f, t, "service-ips", &[element.clone(), element.clone()]);
+        b.delete_elements(f, t, "service-ips", &[element]);
+        b.flush_chain(f, t, "svc-x");
+        b.delete_chain(f, t, "svc-x");
+        b.delete_set(f, t, "service-ips");
+        b.delete_counter(f, t, "c");
+        b.delete_table(f, t);
+        let tx = b.finish();
+        let described = tx.described();
+        let at = "ip6 kube-nft-services-07";
+        assert_eq!(
+            described,
+            [
+                format!("add table {at}"),
+                format!("add chain {at} svc-x"),
+                format!("add set {at} service-ips"),
+                format!("add counter {at} c"),
+                format!("add rule to {at} chain svc-x"),
+                format!("insert rule into {at} chain svc-x"),
+                format!("replace rule 42 in {at} chain svc-x"),
+                format!("delete rule 43 from {at} chain svc-x"),
+                format!("add 2 element(s) of {at} service-ips"),
+                format!("delete 1 element(s) of {at} service-ips"),
+                format!("flush chain {at} svc-x"),
+                format!("delete chain {at} svc-x"),
+                format!("delete set {at} service-ips"),
+                format!("delete counter {at} c"),
+                format!("delete table {at}"),
+            ]
+        );
+        assert_eq!(tx.describe(99), "apply message 99");
+    }
+
+    #[test]
+    fn joined_batches_are_numbered_in_send_order_and_keep_every_message() {
+        let mut a = Batch::new();
+        a.add_table(Family::Ip, "a", None);
+        let mut b = Batch::new();
+        b.add_table(Family::Ip, "b", None);
+        b.delete_table(Family::Ip, "b");
+        a.append(b);
+        assert_eq!(a.len(), 3);
+        let tx = a.finish();
+        let msgs: Vec<NlMsg> = tx.each_message().collect();
+        let seqs: Vec<u32> = msgs.iter().map(|m| m.seq).collect();
+        assert_eq!(seqs, [0, 1, 2, 3, 4]);
+        assert_eq!(tx.describe(2), "add table ip b");
+        assert_eq!(tx.describe(3), "delete table ip b");
     }
 
     #[test]
@@ -1069,9 +1230,11 @@ mod tests {
             .collect();
         let mut b = Batch::new();
         b.add_elements(Family::Ip, "kube-nft", "s", &elements);
-        let (bytes, _) = b.finish();
-        let msgs = split_messages(&bytes).unwrap();
+        let tx = b.finish();
+        let msgs: Vec<NlMsg> = tx.each_message().collect();
         assert!(msgs.len() > 3);
+        assert!(tx.describe(2).starts_with("add "), "{}", tx.describe(2));
+        assert!(tx.describe(2).ends_with(" element(s) of ip kube-nft s"));
         let mut total = 0;
         for m in &msgs[1..msgs.len() - 1] {
             assert!(m.payload.len() < 65_535);
