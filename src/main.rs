@@ -537,10 +537,10 @@ fn bench(
         let data = bench::dataplane::data_plane(
             &dataplane_sizes,
             dataplane_seconds,
-            runs.min(3),
+            runs.min(5),
             &format!("{prefix}-dp"),
         )?;
-        println!("\n## Data plane: new TCP connections through one ClusterIP ({dataplane_seconds} s per run, median of {} runs)\n", runs.min(3));
+        println!("\n## Data plane: new TCP connections through one ClusterIP ({dataplane_seconds} s per run; {} rounds, each running every size and ruleset once; medians)\n", data.rounds);
         print!("{}", bench::dataplane::data_table(&data));
     }
     Ok(())

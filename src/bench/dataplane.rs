@@ -111,7 +111,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// kube-proxy's iptables-mode nat table for the same Services, for iptables-restore.
+/// kube-proxy's iptables-mode nat and filter tables for the same Services, for
+/// iptables-restore.
 pub fn iptables_shape(state: &ClusterState, cluster_cidr: &str) -> String {
     let mut chains = String::new();
     let mut rules = String::new();
@@ -158,9 +159,37 @@ pub fn iptables_shape(state: &ClusterState, cluster_cidr: &str) -> String {
 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n\
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
 -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n\
--A KUBE-POSTROUTING -j MASQUERADE --random-fully\n{rules}COMMIT\n"
+-A KUBE-POSTROUTING -j MASQUERADE --random-fully\n{rules}COMMIT\n{KUBE_PROXY_FILTER}"
     )
 }
+
+/// The filter table kube-proxy's iptables mode writes beside its nat table; every
+/// packet through the node meets it. Its Service chains are empty here (every
+/// Service has endpoints, none has a NodePort or a load balancer). Without the
+/// `nfacct` counter on the INVALID drop: this kernel has no xt_nfacct.
+const KUBE_PROXY_FILTER: &str = "*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS
+-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+";
 
 fn run_in(ns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     let mut child = Command::new("ip")
@@ -206,12 +235,15 @@ fn cluster(services: usize, backend: &[IpAddr]) -> (ClusterState, SocketAddr) {
     (state, SocketAddr::new(vip(m), 80))
 }
 
+/// Every size and ruleset once per round, rounds repeated: a slow drift of the
+/// machine (two shared cores) then touches every configuration alike, and the
+/// ratios are taken within a round, where it cancels.
 pub fn data_plane(
     sizes: &[usize],
     seconds: f64,
     runs: usize,
     prefix: &str,
-) -> Result<Vec<DataResult>, String> {
+) -> Result<DataPlane, String> {
     let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
     let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
     let pod_ns = topo
@@ -229,68 +261,151 @@ pub fn data_plane(
     .ok();
     let node = topo.node.name.clone();
     let client = topo.client.name.clone();
-    let mut results = Vec::new();
-    for &n in sizes {
-        let (state, target) = cluster(n, &backend);
-        for ruleset in ["kube-nft", "iptables (kube-proxy shape)"] {
-            let start = Instant::now();
-            if ruleset == "kube-nft" {
-                let s = state.clone();
-                in_netns(&node, move || -> Result<(), String> {
-                    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
-                    p.replace_state(s);
-                    p.sync().map(|_| ()).map_err(|e| e.to_string())
-                })
-                .map_err(|e| e.to_string())??;
-            } else {
-                run_in(
-                    &node,
-                    "iptables-legacy-restore",
-                    &[],
-                    Some(&iptables_shape(&state, "10.128.0.0/9")),
-                )?;
-            }
-            let load_ms = start.elapsed().as_secs_f64() * 1000.0;
-            let mut rates = Vec::new();
-            let mut all = Vec::new();
-            let mut failed = 0;
-            for _ in 0..runs {
+    let clusters: Vec<(usize, ClusterState, SocketAddr)> = sizes
+        .iter()
+        .map(|&n| {
+            let (state, target) = cluster(n, &backend);
+            (n, state, target)
+        })
+        .collect();
+    let mut rounds: Vec<Vec<Sample>> = Vec::new();
+    for _ in 0..runs.max(1) {
+        let mut round = Vec::new();
+        for (n, state, target) in &clusters {
+            for ruleset in RULESETS {
+                let start = Instant::now();
+                if ruleset == KUBE_NFT {
+                    let s = state.clone();
+                    in_netns(&node, move || -> Result<(), String> {
+                        let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+                        p.replace_state(s);
+                        p.sync().map(|_| ()).map_err(|e| e.to_string())
+                    })
+                    .map_err(|e| e.to_string())??;
+                } else {
+                    run_in(
+                        &node,
+                        "iptables-legacy-restore",
+                        &[],
+                        Some(&iptables_shape(state, "10.128.0.0/9")),
+                    )?;
+                }
+                let load_ms = start.elapsed().as_secs_f64() * 1000.0;
                 run_in(&node, "conntrack", &["-F"], None).ok();
-                let (lat, f) = in_netns(&client, move || hammer(target, seconds))
+                let target = *target;
+                let (latencies, failed) = in_netns(&client, move || hammer(target, seconds))
                     .map_err(|e| e.to_string())?;
-                rates.push(lat.len() as f64 / seconds);
-                all.extend(lat);
-                failed += f;
-            }
-            all.sort_by(|a, b| a.total_cmp(b));
-            results.push(DataResult {
-                services: n,
-                ruleset,
-                load_ms,
-                conns_per_sec: median(rates),
-                p50_us: percentile(&all, 0.5),
-                p99_us: percentile(&all, 0.99),
-                failed,
-            });
-            if ruleset == "kube-nft" {
-                in_netns(&node, || {
-                    let mut s = crate::netlink::NftSocket::open()?;
-                    crate::proxy::cleanup(&mut s).map_err(std::io::Error::other)
-                })
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            } else {
-                run_in(&node, "iptables-legacy", &["-t", "nat", "-F"], None)?;
-                run_in(&node, "iptables-legacy", &["-t", "nat", "-X"], None)?;
+                round.push(Sample {
+                    services: *n,
+                    ruleset,
+                    load_ms,
+                    rate: latencies.len() as f64 / seconds,
+                    latencies,
+                    failed,
+                });
+                if ruleset == KUBE_NFT {
+                    in_netns(&node, || {
+                        let mut s = crate::netlink::NftSocket::open()?;
+                        crate::proxy::cleanup(&mut s).map_err(std::io::Error::other)
+                    })
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                } else {
+                    for table in ["nat", "filter"] {
+                        run_in(&node, "iptables-legacy", &["-t", table, "-F"], None)?;
+                        run_in(&node, "iptables-legacy", &["-t", table, "-X"], None)?;
+                    }
+                }
             }
         }
+        rounds.push(round);
     }
-    Ok(results)
+    Ok(DataPlane::from_rounds(sizes, rounds))
 }
 
-pub fn data_table(results: &[DataResult]) -> String {
+const KUBE_NFT: &str = "kube-nft";
+const RULESETS: [&str; 2] = [KUBE_NFT, "iptables (kube-proxy shape)"];
+
+/// One size and ruleset in one round.
+struct Sample {
+    services: usize,
+    ruleset: &'static str,
+    load_ms: f64,
+    rate: f64,
+    latencies: Vec<f64>,
+    failed: usize,
+}
+
+/// The data-plane results: per size and ruleset, and the paired ratios.
+pub struct DataPlane {
+    pub results: Vec<DataResult>,
+    pub rounds: usize,
+    /// Per round: kube-nft at the largest size over kube-nft at the smallest.
+    pub scale_ratios: Vec<f64>,
+    /// Per round: kube-nft over the iptables shape, at the largest size.
+    pub iptables_ratios: Vec<f64>,
+    pub smallest: usize,
+    pub largest: usize,
+}
+
+impl DataPlane {
+    fn from_rounds(sizes: &[usize], rounds: Vec<Vec<Sample>>) -> DataPlane {
+        let rate = |round: &[Sample], n: usize, rs: &str| {
+            round
+                .iter()
+                .find(|s| s.services == n && s.ruleset == rs)
+                .map(|s| s.rate)
+        };
+        let (smallest, largest) = (sizes[0], sizes[sizes.len() - 1]);
+        let ratio = |round: &[Sample], (n1, rs1): (usize, &str), (n2, rs2): (usize, &str)| {
+            Some(rate(round, n1, rs1)? / rate(round, n2, rs2)?)
+        };
+        let scale_ratios = rounds
+            .iter()
+            .filter_map(|r| ratio(r, (largest, KUBE_NFT), (smallest, KUBE_NFT)))
+            .collect();
+        let iptables_ratios = rounds
+            .iter()
+            .filter_map(|r| ratio(r, (largest, KUBE_NFT), (largest, RULESETS[1])))
+            .collect();
+        let mut results = Vec::new();
+        for &n in sizes {
+            for ruleset in RULESETS {
+                let samples: Vec<&Sample> = rounds
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.services == n && s.ruleset == ruleset)
+                    .collect();
+                let mut all: Vec<f64> = samples
+                    .iter()
+                    .flat_map(|s| s.latencies.iter().copied())
+                    .collect();
+                all.sort_by(|a, b| a.total_cmp(b));
+                results.push(DataResult {
+                    services: n,
+                    ruleset,
+                    load_ms: median(samples.iter().map(|s| s.load_ms).collect()),
+                    conns_per_sec: median(samples.iter().map(|s| s.rate).collect()),
+                    p50_us: percentile(&all, 0.5),
+                    p99_us: percentile(&all, 0.99),
+                    failed: samples.iter().map(|s| s.failed).sum(),
+                });
+            }
+        }
+        DataPlane {
+            results,
+            rounds: rounds.len(),
+            scale_ratios,
+            iptables_ratios,
+            smallest,
+            largest,
+        }
+    }
+}
+
+pub fn data_table(dp: &DataPlane) -> String {
     let mut out = String::from("| Services programmed | ruleset | load time | new connections/s | connect p50 | connect p99 | failed |\n|---|---|---|---|---|---|---|\n");
-    for r in results {
+    for r in &dp.results {
         writeln!(
             out,
             "| {} | {} | {:.0} ms | {:.0} | {:.0} µs | {:.0} µs | {} |",
@@ -298,31 +413,24 @@ pub fn data_table(results: &[DataResult]) -> String {
         )
         .unwrap();
     }
-    let rate = |n: usize, rs: &str| {
-        results
-            .iter()
-            .find(|r| r.services == n && r.ruleset.starts_with(rs))
-            .map(|r| r.conns_per_sec)
+    let spread = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let list: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+        format!("{:.2}× (rounds: {})", median(v), list.join(", "))
     };
-    let sizes: Vec<usize> = {
-        let mut v: Vec<usize> = results.iter().map(|r| r.services).collect();
-        v.dedup();
-        v
-    };
-    if let (Some(&small), Some(&large)) = (sizes.first(), sizes.last()) {
-        if let (Some(a), Some(b), Some(ipt)) = (
-            rate(small, "kube-nft"),
-            rate(large, "kube-nft"),
-            rate(large, "iptables"),
-        ) {
-            writeln!(
-                out,
-                "\nkube-nft at {large} Services: {:.2}× its rate at {small}; {:.2}× the iptables shape at {large}.",
-                b / a,
-                b / ipt
-            )
-            .unwrap();
-        }
+    if !dp.scale_ratios.is_empty() && !dp.iptables_ratios.is_empty() {
+        writeln!(
+            out,
+            "\nPaired within each of {} rounds, medians: kube-nft at {} Services is {} its rate at {}; {} the iptables shape at {}.",
+            dp.rounds,
+            dp.largest,
+            spread(&dp.scale_ratios),
+            dp.smallest,
+            spread(&dp.iptables_ratios),
+            dp.largest,
+        )
+        .unwrap();
     }
     out
 }
