@@ -130,6 +130,35 @@ fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
 
 #[test]
 #[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn a_node_switched_from_nftables_to_ipvs_loses_its_service_tables_in_one_sync() {
+    let c = Cluster::new("toipvs", &PODS, &[9376]);
+    let manifests = node_object("zone-a") + &web(&ALL);
+    let pods = ["pod-a", "pod-b", "pod-c"];
+    c.apply_with(&manifests, &["--node-name", NODE]);
+    let before = nft_list(c.node());
+    assert!(before.contains("table ip kube-nft-services-"), "{before}");
+    assert!(before.contains("dnat to"), "{before}");
+    assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
+
+    c.apply_with(&manifests, &ipvs_flags(&[]));
+    let after = nft_list(c.node());
+    assert!(!after.contains("kube-nft-services-"), "{after}");
+    assert!(!after.contains("dnat to"), "{after}");
+    assert!(after.contains("table ip kube-nft "), "{after}");
+    let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
+    assert_eq!(
+        ipvsadm(c.node()),
+        expected(&[
+            ("TCP 10.96.5.30:80 rr", &reals),
+            ("UDP 10.96.5.30:53 rr", &reals)
+        ])
+    );
+    assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
+    assert_only(&tally(c.client(), "10.96.5.30:53", 30, true), &pods);
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
 fn changes_go_out_service_by_service_and_a_restart_writes_nothing() {
     let c = Cluster::new("ipvsinc", &PODS, &[9376]);
     let other = svc(

@@ -340,12 +340,16 @@ struct Sample {
 pub struct DataPlane {
     pub results: Vec<DataResult>,
     pub rounds: usize,
-    /// Per round: kube-nft at the largest size over kube-nft at the smallest.
-    pub scale_ratios: Vec<f64>,
-    /// Per round: kube-nft over the iptables shape, at the largest size.
-    pub iptables_ratios: Vec<f64>,
+    /// Per size above the smallest, per round: kube-nft at that size over
+    /// kube-nft at the smallest, and kube-nft over the iptables shape.
+    pub ratios: Vec<PairedRatios>,
     pub smallest: usize,
-    pub largest: usize,
+}
+
+pub struct PairedRatios {
+    pub services: usize,
+    pub scale: Vec<f64>,
+    pub iptables: Vec<f64>,
 }
 
 impl DataPlane {
@@ -356,17 +360,23 @@ impl DataPlane {
                 .find(|s| s.services == n && s.ruleset == rs)
                 .map(|s| s.rate)
         };
-        let (smallest, largest) = (sizes[0], sizes[sizes.len() - 1]);
+        let smallest = sizes[0];
         let ratio = |round: &[Sample], (n1, rs1): (usize, &str), (n2, rs2): (usize, &str)| {
             Some(rate(round, n1, rs1)? / rate(round, n2, rs2)?)
         };
-        let scale_ratios = rounds
+        let ratios = sizes[1..]
             .iter()
-            .filter_map(|r| ratio(r, (largest, KUBE_NFT), (smallest, KUBE_NFT)))
-            .collect();
-        let iptables_ratios = rounds
-            .iter()
-            .filter_map(|r| ratio(r, (largest, KUBE_NFT), (largest, RULESETS[1])))
+            .map(|&n| PairedRatios {
+                services: n,
+                scale: rounds
+                    .iter()
+                    .filter_map(|r| ratio(r, (n, KUBE_NFT), (smallest, KUBE_NFT)))
+                    .collect(),
+                iptables: rounds
+                    .iter()
+                    .filter_map(|r| ratio(r, (n, KUBE_NFT), (n, RULESETS[1])))
+                    .collect(),
+            })
             .collect();
         let mut results = Vec::new();
         for &n in sizes {
@@ -395,10 +405,8 @@ impl DataPlane {
         DataPlane {
             results,
             rounds: rounds.len(),
-            scale_ratios,
-            iptables_ratios,
+            ratios,
             smallest,
-            largest,
         }
     }
 }
@@ -419,16 +427,18 @@ pub fn data_table(dp: &DataPlane) -> String {
         let list: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
         format!("{:.2}× (rounds: {})", median(v), list.join(", "))
     };
-    if !dp.scale_ratios.is_empty() && !dp.iptables_ratios.is_empty() {
+    let _ = write!(
+        out,
+        "\nRatios of connection rates paired within each of {} rounds (median, then each round):\n\n| Services | kube-nft / kube-nft at {} | kube-nft / iptables shape |\n|---|---|---|\n",
+        dp.rounds, dp.smallest
+    );
+    for r in dp.ratios.iter().filter(|r| !r.scale.is_empty()) {
         writeln!(
             out,
-            "\nPaired within each of {} rounds, medians: kube-nft at {} Services is {} its rate at {}; {} the iptables shape at {}.",
-            dp.rounds,
-            dp.largest,
-            spread(&dp.scale_ratios),
-            dp.smallest,
-            spread(&dp.iptables_ratios),
-            dp.largest,
+            "| {} | {} | {} |",
+            r.services,
+            spread(&r.scale),
+            spread(&r.iptables)
         )
         .unwrap();
     }

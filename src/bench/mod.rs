@@ -482,10 +482,14 @@ pub fn control_table(results: &[ControlResult]) -> String {
 pub fn linearity(results: &[ControlResult]) -> String {
     let mut out = String::from("Cold full sync per 1000 Services (flat = linear):");
     for r in results {
+        let size = if r.endpoints == r.services * 10 {
+            format!("{}k", r.services / 1000)
+        } else {
+            format!("{}k × {}k", r.services / 1000, r.endpoints / 1000)
+        };
         write!(
             out,
-            " {}k: {:.1} ms;",
-            r.services / 1000,
+            " {size}: {:.1} ms;",
             r.cold_ms / (r.services as f64 / 1000.0)
         )
         .unwrap();
