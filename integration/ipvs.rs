@@ -88,6 +88,15 @@ fn web(endpoints: &[&str]) -> String {
 
 const ALL: [&str; 3] = ["10.244.1.10", "10.244.1.11", "10.244.1.12"];
 
+/// `web` over `ALL`, as `ipvsadm -Ln` lists it.
+fn web_over_all() -> BTreeMap<String, Vec<String>> {
+    let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
+    expected(&[
+        ("TCP 10.96.5.30:80 rr", &reals),
+        ("UDP 10.96.5.30:53 rr", &reals),
+    ])
+}
+
 #[test]
 #[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
 fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
@@ -104,14 +113,7 @@ fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
         let path = format!("/proc/sys/{key}");
         assert_eq!(exec_in(c.node(), &["cat", &path]).trim(), value, "{key}");
     }
-    let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
-    assert_eq!(
-        ipvsadm(c.node()),
-        expected(&[
-            ("TCP 10.96.5.30:80 rr", &reals),
-            ("UDP 10.96.5.30:53 rr", &reals)
-        ])
-    );
+    assert_eq!(ipvsadm(c.node()), web_over_all());
     assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
     // IPVS rewrites the destination; the nftables table only knows what it serves.
     let listing = nft_list(c.node());
@@ -145,14 +147,7 @@ fn a_node_switched_from_nftables_to_ipvs_loses_its_service_tables_in_one_sync() 
     assert!(!after.contains("kube-nft-services-"), "{after}");
     assert!(!after.contains("dnat to"), "{after}");
     assert!(after.contains("table ip kube-nft "), "{after}");
-    let reals = ["10.244.1.10:9376", "10.244.1.11:9376", "10.244.1.12:9376"];
-    assert_eq!(
-        ipvsadm(c.node()),
-        expected(&[
-            ("TCP 10.96.5.30:80 rr", &reals),
-            ("UDP 10.96.5.30:53 rr", &reals)
-        ])
-    );
+    assert_eq!(ipvsadm(c.node()), web_over_all());
     assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
     assert_only(&tally(c.client(), "10.96.5.30:53", 30, true), &pods);
 }

@@ -80,7 +80,7 @@ impl KernelRule {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelSet {
     pub name: String,
     pub flags: u32,

@@ -972,18 +972,7 @@ pub(crate) fn parse_rule(
 }
 
 pub(crate) fn parse_set(buf: &[u8], table: &str) -> Result<Option<KernelSet>, NftError> {
-    let mut set = KernelSet {
-        name: String::new(),
-        flags: 0,
-        key_type: 0,
-        key_len: 0,
-        data_type: None,
-        obj_type: None,
-        timeout_ms: None,
-        size: None,
-        userdata: None,
-        elements: Vec::new(),
-    };
+    let mut set = KernelSet::default();
     let mut tname = None;
     for a in Attrs::new(buf) {
         let (k, p) = a?;
@@ -1140,15 +1129,9 @@ mod tests {
         };
         let set = KernelSet {
             name: "service-ips".into(),
-            flags: 0,
             key_type: 7,
             key_len: 4,
-            data_type: None,
-            obj_type: None,
-            timeout_ms: None,
-            size: None,
-            userdata: None,
-            elements: Vec::new(),
+            ..KernelSet::default()
         };
         let counter = KernelCounter {
             name: "c".into(),
