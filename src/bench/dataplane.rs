@@ -324,7 +324,8 @@ pub fn data_plane(
 }
 
 const KUBE_NFT: &str = "kube-nft";
-const RULESETS: [&str; 2] = [KUBE_NFT, "iptables (kube-proxy shape)"];
+const IPTABLES: &str = "iptables (kube-proxy shape)";
+const RULESETS: [&str; 2] = [KUBE_NFT, IPTABLES];
 
 /// One size and ruleset in one round.
 struct Sample {
@@ -374,7 +375,7 @@ impl DataPlane {
                     .collect(),
                 iptables: rounds
                     .iter()
-                    .filter_map(|r| ratio(r, (n, KUBE_NFT), (n, RULESETS[1])))
+                    .filter_map(|r| ratio(r, (n, KUBE_NFT), (n, IPTABLES)))
                     .collect(),
             })
             .collect();

@@ -418,8 +418,9 @@ impl Batch {
         elements: &[KernelElement],
         with_data: bool,
     ) {
-        let encode = |e: &KernelElement, scratch: Vec<u8>| {
-            let mut w = AttrWriter::over(scratch);
+        let encode = |e: &KernelElement, out: &mut Vec<u8>| {
+            out.clear();
+            let mut w = AttrWriter::over(std::mem::take(out));
             w.nest(1, |w| {
                 w.nest(1, |w| w.put(NFTA_DATA_VALUE, &e.key));
                 match (with_data, &e.data) {
@@ -433,7 +434,7 @@ impl Batch {
                     w.put(6, u);
                 }
             });
-            w.into_bytes()
+            *out = w.into_bytes();
         };
         let mut rest = elements.iter().peekable();
         let mut scratch = Vec::new();
@@ -444,8 +445,7 @@ impl Batch {
                 w.nest(3, |w| {
                     let mut size = 0;
                     while let Some(e) = rest.peek() {
-                        scratch.clear();
-                        scratch = encode(e, std::mem::take(&mut scratch));
+                        encode(e, &mut scratch);
                         if size > 0 && size + scratch.len() > MAX_ELEMENTS_BYTES {
                             break;
                         }
@@ -499,12 +499,11 @@ impl Batch {
 /// Decodes one of our batch messages back into the words `Batch` was asked
 /// for: "add rule to ip kube-nft chain services", "add 3 element(s) of ...".
 fn describe_message(m: &NlMsg) -> Option<String> {
-    let family = match m.payload.first()? {
-        2 => Family::Ip,
-        10 => Family::Ip6,
-        _ => return None,
-    };
-    let fam = family.keyword();
+    let nfproto = *m.payload.first()?;
+    let fam = Family::ALL
+        .into_iter()
+        .find(|f| f.nfproto() == nfproto)?
+        .keyword();
     let mut strs: HashMap<u16, String> = HashMap::new();
     let (mut handle, mut elements) = (None, 0);
     for a in Attrs::new(m.payload.get(4..)?) {
