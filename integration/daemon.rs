@@ -8,6 +8,8 @@ use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 const PODS: [(&str, &[&str]); 3] = [
@@ -155,6 +157,137 @@ fn a_burst_of_changes_goes_out_as_one_transaction() {
     assert_eq!(d.syncs("Partial"), 1, "{}", d.log_text());
     let t = tally(c.client(), "10.96.0.10:80", 30, false);
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+}
+
+/// Opens one connection after another to `target` from `ns` until `stop` is set;
+/// returns how many were answered and what went wrong with the others.
+fn keep_connecting(
+    ns: &str,
+    target: &str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    let (ns, target) = (ns.to_string(), target.parse().unwrap());
+    std::thread::spawn(move || {
+        kube_nft::netns::in_netns(&ns, move || {
+            let (mut answered, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {
+                    Ok(_) => answered += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (answered, failed)
+        })
+        .unwrap()
+    })
+}
+
+#[test]
+fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_garbled() {
+    let c = Cluster::new("rewrite", &PODS, &[9376]);
+    let good = web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]);
+    let manifests = c.scratch.write("web.yaml", &good);
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &["--min-sync-period", "50ms"],
+    );
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = keep_connecting(c.client(), "10.96.0.10:80", stop.clone());
+    let settle = || std::thread::sleep(Duration::from_millis(1200));
+
+    // Rewritten in 16-byte pieces, 20 ms apart, as a slow writer would.
+    for _ in 0..3 {
+        let mut f = std::fs::File::create(&manifests).unwrap();
+        for piece in good.as_bytes().chunks(16) {
+            f.write_all(piece).unwrap();
+            f.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    settle();
+    // Left emptied (`cmd > file` before cmd writes), cut inside a quoted address,
+    // and replaced with bytes that are not YAML, each for several polls.
+    let cut = good.find("10.244.0.12").unwrap() + 4;
+    let broken: [&[u8]; 3] = [
+        b"",
+        &good.as_bytes()[..cut],
+        b"\xff\xfe}}} not: [yaml\n\x00",
+    ];
+    for bytes in broken {
+        std::fs::write(&manifests, bytes).unwrap();
+        settle();
+        std::fs::write(&manifests, &good).unwrap();
+        settle();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (answered, failed) = client.join().unwrap();
+    println!("{answered} connections answered, {} failed", failed.len());
+    assert!(failed.is_empty(), "{failed:?}\n{}", d.log_text());
+    assert!(answered > 100, "only {answered} connections were tried");
+
+    let log = d.log_text();
+    for said in [
+        "web.yaml: is empty",
+        "web.yaml:",
+        "not valid YAML",
+        "cannot be read",
+    ] {
+        assert!(log.contains(said), "the log never said {said:?}:\n{log}");
+    }
+    assert!(log.contains("keeping the objects it had"), "{log}");
+    let (_, metrics) = http_status(c.node(), "127.0.0.1:10249", "/metrics").expect("metrics");
+    let errors = metric(&metrics, "kubenft_manifest_errors_total").unwrap_or(0.0);
+    assert!(errors >= 3.0, "kubenft_manifest_errors_total = {errors}");
+    assert_eq!(
+        metric(&metrics, "kubenft_manifest_files_failing"),
+        Some(0.0)
+    );
+
+    // The file still drives the rules once it reads well: pod-c leaves.
+    std::fs::write(&manifests, web(&["10.244.0.11", "10.244.0.12"])).unwrap();
+    wait_until(Duration::from_secs(5), "pod-c to leave", || {
+        let t = tally(c.client(), "10.96.0.10:80", 12, false);
+        t.errors.is_empty() && t.answers.len() == 2
+    });
+}
+
+#[test]
+fn a_manifest_that_does_not_parse_fails_once_and_render_and_deletes_nothing() {
+    let c = Cluster::new("badonce", &PODS, &[9376]);
+    c.apply(&web(&["10.244.0.11"]));
+    assert!(answers(c.client(), "10.96.0.10:80"));
+    let broken = c
+        .scratch
+        .write("broken.yaml", "apiVersion: v1\nkind: [Service\n");
+    for command in ["run", "render"] {
+        let mut args = proxy_command(command, &broken);
+        if command == "run" {
+            args.push("--once");
+        }
+        let out = kube_nft_in(c.node(), &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{command} succeeded on a broken file"
+        );
+        assert!(
+            err.contains("broken.yaml:3: not valid YAML"),
+            "{command}: {err}"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("table"),
+            "{command} printed a ruleset"
+        );
+    }
+    // The Service programmed before is still served.
+    let t = tally(c.client(), "10.96.0.10:80", 5, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 1, "{t:?}");
 }
 
 #[test]

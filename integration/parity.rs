@@ -9,7 +9,7 @@ use common::*;
 use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
 use kube_nft::proxy;
-use kube_nft::source::files::{load_str, Loaded};
+use kube_nft::source::files::parse;
 use kube_nft::text;
 use kube_nft::translate::{Backend, IpvsSettings, NodeConfig, Ruleset};
 use std::io::Write;
@@ -179,8 +179,7 @@ spec:
 "#;
 
 fn ruleset(config: &NodeConfig) -> Ruleset {
-    let mut loaded = Loaded::default();
-    load_str(&manifests(), "parity.yaml", &mut loaded);
+    let loaded = parse(&manifests(), "parity.yaml").unwrap();
     assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
     let (rs, validated) = proxy::desired(&loaded.objects, Some("node-a"), config);
     assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);

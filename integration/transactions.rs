@@ -8,12 +8,11 @@ use kube_nft::netlink::{NftError, NftSocket};
 use kube_nft::netns::in_netns;
 use kube_nft::proxy;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
-use kube_nft::source::files::{load_str, Loaded};
+use kube_nft::source::files::parse;
 use kube_nft::translate::{NodeConfig, Ruleset, CHAIN_SERVICES};
 
 fn desired(manifests: &str) -> Ruleset {
-    let mut loaded = Loaded::default();
-    load_str(manifests, "test.yaml", &mut loaded);
+    let loaded = parse(manifests, "test.yaml").unwrap();
     proxy::desired(&loaded.objects, None, &NodeConfig::default()).0
 }
 

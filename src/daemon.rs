@@ -17,8 +17,9 @@ use crate::netlink::route;
 use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
 use crate::proxy_health::ProxyHealth;
 use crate::ruleset::{Family, TableId};
+use crate::source::files::{self, ManifestStore};
 use crate::source::tracker::ChangeTracker;
-use crate::source::{files, kubernetes, Update};
+use crate::source::{kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
 use crate::translate::{NodeConfig, NodePortAddresses};
 use ipnet::IpNet;
@@ -40,13 +41,22 @@ impl From<Update> for Event {
     }
 }
 
-/// The newest modification time among the manifest files and directories.
-fn manifests_stamp(paths: &[PathBuf]) -> Option<SystemTime> {
+/// What the manifest files look like from outside: each file's (or path's)
+/// modification time and size, `None` where it cannot be read.
+type ManifestStamp = Vec<(PathBuf, Option<(SystemTime, u64)>)>;
+
+fn manifests_stamp(paths: &[PathBuf]) -> ManifestStamp {
     let mut all = paths.to_vec();
-    all.extend(files::manifest_files(paths).ok()?);
-    all.iter()
-        .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .max()
+    for p in paths {
+        all.extend(files::manifest_files(std::slice::from_ref(p)).unwrap_or_default());
+    }
+    all.into_iter()
+        .map(|p| {
+            let m = std::fs::metadata(&p).ok();
+            let stamp = m.and_then(|m| Some((m.modified().ok()?, m.len())));
+            (p, stamp)
+        })
+        .collect()
 }
 
 /// Reads this node's addresses into the config when `--nodeport-addresses` CIDRs
@@ -157,18 +167,25 @@ fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
     Ok(())
 }
 
+/// How often the manifests are looked at. A change is read once it has stood
+/// still for one period, so a file being written in pieces is not read half-way
+/// (and if it is, the store keeps its last good objects).
+const MANIFEST_POLL: Duration = Duration::from_millis(250);
+
 fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
     std::thread::spawn(move || {
-        let mut seen = manifests_stamp(&paths);
+        let mut read = manifests_stamp(&paths);
+        let mut last = read.clone();
         loop {
-            std::thread::sleep(Duration::from_millis(250));
+            std::thread::sleep(MANIFEST_POLL);
             let now = manifests_stamp(&paths);
-            if now != seen {
-                seen = now;
+            if now == last && now != read {
+                read = now.clone();
                 if tx.send(Event::ManifestsChanged).is_err() {
                     return;
                 }
             }
+            last = now;
         }
     });
 }
@@ -191,19 +208,34 @@ fn watch_drift(tx: mpsc::Sender<Event>) {
     }
 }
 
+/// Re-reads the manifests into the model. A file that fails keeps its last good
+/// objects; each new failure is logged once, with the file and line, and counted.
 fn load_manifests(
-    paths: &[PathBuf],
+    store: &mut ManifestStore,
     node_name: &str,
     proxier: &mut Proxier,
     metrics: &Metrics,
-) -> Result<(), String> {
-    let loaded = files::load(paths).map_err(|e| e.to_string())?;
-    log_rejected(&loaded.rejected);
-    metrics.rejected(&loaded.rejected);
-    let validated = validate(&loaded.objects, Some(node_name));
+) {
+    let reloaded = store.reload();
+    for (e, kept) in &reloaded.new_errors {
+        if *kept {
+            tracing::error!("manifest {e}; keeping the objects it had when it last read well");
+        } else {
+            tracing::error!("manifest {e}; skipped until it reads well");
+        }
+    }
+    for f in &reloaded.recovered {
+        tracing::info!("manifest {} reads well again", f.display());
+    }
+    metrics.manifests_read(reloaded.new_errors.len(), store.errors().count());
+    if !store.ready() {
+        return;
+    }
+    log_rejected(&reloaded.loaded.rejected);
+    metrics.rejected(&reloaded.loaded.rejected);
+    let validated = validate(&reloaded.loaded.objects, Some(node_name));
     metrics.rejected(&validated.rejected);
     proxier.replace_state(validated.state);
-    Ok(())
 }
 
 /// Settles `oomScoreAdj` for this process, as kube-proxy does (it should be the
@@ -232,9 +264,22 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
 
     let (tx, rx) = mpsc::channel::<Event>();
     let mut tracker = None;
+    let mut manifests = None;
     match &settings.source {
         Source::Manifests(paths) => {
-            load_manifests(paths, &settings.node_name, &mut proxier, &metrics)?;
+            let mut store = ManifestStore::new(paths);
+            load_manifests(&mut store, &settings.node_name, &mut proxier, &metrics);
+            if once && !store.ready() {
+                let errors: Vec<String> = store.errors().map(|e| e.to_string()).collect();
+                return Err(format!(
+                    "nothing programmed: manifest {}",
+                    errors.join("; manifest ")
+                ));
+            }
+            if !store.ready() {
+                tracing::error!("nothing is programmed until every manifest file reads well");
+            }
+            manifests = Some(store);
             if !once {
                 watch_manifests(paths.clone(), tx.clone());
             }
@@ -259,7 +304,8 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     loop {
-        let ready = tracker.as_ref().is_none_or(ChangeTracker::synced);
+        let ready = tracker.as_ref().is_none_or(ChangeTracker::synced)
+            && manifests.as_ref().is_none_or(ManifestStore::ready);
         let now = Instant::now();
         if now.duration_since(last_full) >= settings.sync_period {
             node_settings.apply(
@@ -328,12 +374,8 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
         };
         match event {
             Event::ManifestsChanged => {
-                if let Source::Manifests(paths) = &settings.source {
-                    if let Err(e) =
-                        load_manifests(paths, &settings.node_name, &mut proxier, &metrics)
-                    {
-                        tracing::error!("reading manifests: {e}");
-                    }
+                if let Some(store) = manifests.as_mut() {
+                    load_manifests(store, &settings.node_name, &mut proxier, &metrics);
                 }
             }
             Event::Api(update) => {

@@ -558,12 +558,11 @@ mod tests {
 
     #[test]
     fn a_cascade_of_n_endpoints_gives_each_one_nth() {
-        let mut loaded = crate::source::files::Loaded::default();
         let mut m = String::from("---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: d}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-a, namespace: d, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints:\n");
         for i in 1..=7 {
             m += &format!("- addresses: [10.244.0.{i}]\n");
         }
-        crate::source::files::load_str(&m, "t.yaml", &mut loaded);
+        let loaded = crate::source::files::parse(&m, "t.yaml").unwrap();
         let config = crate::translate::NodeConfig {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             ..Default::default()

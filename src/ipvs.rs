@@ -517,8 +517,7 @@ mod tests {
 
     /// The model the manifests describe, on node `node-a` (address 192.0.2.1).
     fn cluster(manifests: &str) -> (ClusterState, NodeConfig) {
-        let mut loaded = crate::source::files::Loaded::default();
-        crate::source::files::load_str(manifests, "test", &mut loaded);
+        let loaded = crate::source::files::parse(manifests, "test").unwrap();
         assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
         let validated = crate::model::build_state(&loaded.objects, Some("node-a"));
         assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);

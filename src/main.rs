@@ -293,7 +293,7 @@ impl ProxyArgs {
     /// Loads and translates; a manifest that cannot be read at all is an error,
     /// a malformed object in one is logged and skipped.
     fn desired(&self, config: &NodeConfig) -> Result<kube_nft::translate::Ruleset, String> {
-        let loaded = files::load(&self.manifests).map_err(|e| e.to_string())?;
+        let loaded = files::load(&self.manifests).map_err(|e| format!("manifest {e}"))?;
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
         }

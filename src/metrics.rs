@@ -29,6 +29,8 @@ pub struct Metrics {
     sync_failures: Counter,
     transaction_bytes: Histogram,
     rejected: Family<Labels, Counter>,
+    manifest_errors: Counter,
+    manifests_failing: Gauge,
 }
 
 fn sync_buckets() -> Histogram {
@@ -68,6 +70,8 @@ impl Metrics {
             // 1 KiB to 1 GiB, by fours.
             transaction_bytes: Histogram::new(exponential_buckets(1024.0, 4.0, 11)),
             rejected: Family::default(),
+            manifest_errors: Counter::default(),
+            manifests_failing: Gauge::default(),
         };
         m.register()
     }
@@ -140,7 +144,23 @@ impl Metrics {
             "Objects skipped as malformed, by kind and the field at fault",
             self.rejected.clone(),
         );
+        r.register(
+            "kubenft_manifest_errors",
+            "Manifest files found unreadable or not YAML (each new error once); the file's last good objects were kept",
+            self.manifest_errors.clone(),
+        );
+        r.register(
+            "kubenft_manifest_files_failing",
+            "Manifest files (or paths) that cannot be read or parsed now",
+            self.manifests_failing.clone(),
+        );
         self
+    }
+
+    /// After a reload of the manifests: `new` errors seen, `failing` files now.
+    pub fn manifests_read(&self, new: usize, failing: usize) {
+        self.manifest_errors.inc_by(new as u64);
+        self.manifests_failing.set(failing as i64);
     }
 
     /// Counts changes as they arrive; they stay pending until the next sync.

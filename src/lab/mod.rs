@@ -106,15 +106,11 @@ fn plan_pods(objects: &Objects) -> Vec<PodPlan> {
 
 fn load_objects(manifests: &[PathBuf]) -> io::Result<Loaded> {
     if manifests.is_empty() {
-        let mut loaded = Loaded::default();
-        files::load_str(
-            DEFAULT_MANIFESTS,
-            "(built-in hostnames example)",
-            &mut loaded,
-        );
+        let loaded = files::parse(DEFAULT_MANIFESTS, "(built-in hostnames example)")
+            .expect("the built-in example parses");
         Ok(loaded)
     } else {
-        files::load(manifests)
+        files::load(manifests).map_err(io::Error::other)
     }
 }
 

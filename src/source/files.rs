@@ -2,34 +2,85 @@
 //! directories, with `kind: List` unwrapped. Other kinds (Deployments, Pods…) are
 //! ignored, so a whole application's manifests can be pointed at.
 //!
-//! A document that does not parse is reported as rejected, with its file and
-//! position; the rest of the file still loads.
+//! Two levels of failure, kept apart on purpose:
+//! - A **file** that cannot be read, or is not YAML from start to end, is an error
+//!   for the whole file (`ManifestError`, with its line). A file caught half-written
+//!   must never read as a file with fewer Services: `ManifestStore` keeps such a
+//!   file's last good objects, and the one-shot `load` refuses to go on.
+//! - A **document** that is YAML but not a valid object (a Service whose ports are
+//!   a number, say) is `Rejected` on its own; the rest of the file still loads.
 
 use crate::model::{Objects, Rejected};
 use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// Objects read from manifests, and the documents that could not be read.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Loaded {
     pub objects: Objects,
     pub rejected: Vec<Rejected>,
 }
 
-/// Reads every manifest under `paths`. Errors only when a path cannot be read at all.
-pub fn load(paths: &[PathBuf]) -> std::io::Result<Loaded> {
+impl Loaded {
+    fn extend(&mut self, other: &Loaded) {
+        let o = &other.objects;
+        self.objects.services.extend(o.services.iter().cloned());
+        self.objects.slices.extend(o.slices.iter().cloned());
+        self.objects.nodes.extend(o.nodes.iter().cloned());
+        self.rejected.extend(other.rejected.iter().cloned());
+    }
+}
+
+/// A manifest file (or a path named on the command line) that could not be used
+/// at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    pub file: PathBuf,
+    /// 1-based, when the parser knows where it stopped.
+    pub line: Option<usize>,
+    pub reason: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file.display(), self.reason),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+/// Reads every manifest under `paths`, for the one-shot commands. Any file that
+/// cannot be read or parsed is an error: acting on the others would treat that
+/// file's Services as deleted.
+pub fn load(paths: &[PathBuf]) -> Result<Loaded, ManifestError> {
     let mut loaded = Loaded::default();
     for file in manifest_files(paths)? {
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
-        load_str(&text, &file.display().to_string(), &mut loaded);
+        loaded.extend(&read_file(&file)?);
     }
     Ok(loaded)
 }
 
+fn read_file(file: &Path) -> Result<Loaded, ManifestError> {
+    let text = std::fs::read_to_string(file).map_err(|e| ManifestError {
+        file: file.to_path_buf(),
+        line: None,
+        reason: format!("cannot be read: {e}"),
+    })?;
+    parse(&text, &file.display().to_string()).map_err(|(line, reason)| ManifestError {
+        file: file.to_path_buf(),
+        line,
+        reason,
+    })
+}
+
 /// Files named by `paths`, with directories expanded (sorted, recursively) to their
 /// `.yaml`, `.yml` and `.json` files.
-pub fn manifest_files(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+pub fn manifest_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, ManifestError> {
     let mut out = Vec::new();
     for p in paths {
         collect(p, &mut out)?;
@@ -37,14 +88,19 @@ pub fn manifest_files(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    let meta = std::fs::metadata(path)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
+    let unreadable = |e: std::io::Error| ManifestError {
+        file: path.to_path_buf(),
+        line: None,
+        reason: format!("cannot be read: {e}"),
+    };
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
     if !meta.is_dir() {
         out.push(path.to_path_buf());
         return Ok(());
     }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(unreadable)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     entries.sort();
@@ -60,24 +116,139 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Parses one manifest text (several `---`-separated documents) into `loaded`.
-pub fn load_str(text: &str, origin: &str, loaded: &mut Loaded) {
+/// What one `ManifestStore::reload` found.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    /// Every file's objects: the current ones, or the last good ones of a file
+    /// that now fails.
+    pub loaded: Loaded,
+    /// Files failing now whose error is new (first seen, or different from the
+    /// last one), each with whether its last good objects were kept (false: it
+    /// never read well): log and count these once.
+    pub new_errors: Vec<(ManifestError, bool)>,
+    /// Files that failed before and read well again.
+    pub recovered: Vec<PathBuf>,
+}
+
+/// The manifests under some paths, re-read on demand by `run --manifests`. Each
+/// file's objects are kept per file, so that a file which fails to read or parse
+/// keeps the objects it last had, while the others follow their files.
+pub struct ManifestStore {
+    paths: Vec<PathBuf>,
+    good: BTreeMap<PathBuf, Loaded>,
+    /// The current error of each failing file (or path).
+    failing: BTreeMap<PathBuf, ManifestError>,
+    ready: bool,
+}
+
+impl ManifestStore {
+    pub fn new(paths: &[PathBuf]) -> ManifestStore {
+        ManifestStore {
+            paths: paths.to_vec(),
+            good: BTreeMap::new(),
+            failing: BTreeMap::new(),
+            ready: false,
+        }
+    }
+
+    /// Every file has read well together once: the objects are a whole picture,
+    /// as a first list is for the API source. Before that, programming would
+    /// delete the Services of a file that has never been read (a restart over a
+    /// broken file keeps the rules the kernel has). A file that appears later and
+    /// never reads well is skipped; it never had rules.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Files failing now.
+    pub fn errors(&self) -> impl Iterator<Item = &ManifestError> {
+        self.failing.values()
+    }
+
+    pub fn reload(&mut self) -> Reloaded {
+        let mut failing = BTreeMap::new();
+        let mut good = BTreeMap::new();
+        for path in &self.paths {
+            match manifest_files(std::slice::from_ref(path)) {
+                Ok(files) => {
+                    for file in files {
+                        match read_file(&file) {
+                            Ok(loaded) => {
+                                good.insert(file, loaded);
+                            }
+                            Err(e) => {
+                                if let Some(last) = self.good.remove(&file) {
+                                    good.insert(file.clone(), last);
+                                }
+                                failing.insert(file, e);
+                            }
+                        }
+                    }
+                }
+                // A path that cannot be listed keeps every file it held.
+                Err(e) => {
+                    let kept: Vec<PathBuf> = self
+                        .good
+                        .keys()
+                        .filter(|f| f.starts_with(path))
+                        .cloned()
+                        .collect();
+                    for f in kept {
+                        let last = self.good.remove(&f).expect("listed just now");
+                        good.insert(f, last);
+                    }
+                    failing.insert(path.clone(), e);
+                }
+            }
+        }
+        let new_errors = failing
+            .values()
+            .filter(|e| self.failing.get(&e.file) != Some(*e))
+            .map(|e| (e.clone(), good.keys().any(|f| f.starts_with(&e.file))))
+            .collect();
+        let recovered = self
+            .failing
+            .keys()
+            .filter(|f| !failing.contains_key(*f))
+            .cloned()
+            .collect();
+        self.good = good;
+        self.failing = failing;
+        self.ready |= self.failing.is_empty();
+        let mut loaded = Loaded::default();
+        for l in self.good.values() {
+            loaded.extend(l);
+        }
+        Reloaded {
+            loaded,
+            new_errors,
+            recovered,
+        }
+    }
+}
+
+/// Parses one manifest text (several `---`-separated documents). A syntax error
+/// anywhere fails the whole text, with its line when known; a document of the
+/// wrong shape is only rejected. An empty text fails too: `cmd > file` leaves the
+/// file empty until `cmd` writes, and that must not read as "no Services" (a file
+/// is emptied of its Services by deleting it, or by writing `---`).
+pub fn parse(text: &str, origin: &str) -> Result<Loaded, (Option<usize>, String)> {
+    if text.trim().is_empty() {
+        return Err((None, "is empty".into()));
+    }
+    let mut loaded = Loaded::default();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let position = format!("{origin}: document {}", i + 1);
         match serde_yaml::Value::deserialize(doc) {
             Ok(serde_yaml::Value::Null) => {}
-            Ok(value) => add_value(value, &position, loaded),
+            Ok(value) => add_value(value, &position, &mut loaded),
             Err(e) => {
-                loaded.rejected.push(Rejected {
-                    object: position,
-                    field: String::new(),
-                    reason: format!("not valid YAML: {e}"),
-                });
-                // The YAML stream cannot be resynchronised after a syntax error.
-                break;
+                let line = e.location().map(|l| l.line());
+                return Err((line, format!("not valid YAML: {e}")));
             }
         }
     }
+    Ok(loaded)
 }
 
 fn str_field<'a>(v: &'a serde_yaml::Value, key: &str) -> &'a str {
@@ -152,8 +323,7 @@ metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
 endpoints: []
 "#;
-        let mut loaded = Loaded::default();
-        load_str(text, "app.yaml", &mut loaded);
+        let loaded = parse(text, "app.yaml").unwrap();
         assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
         assert_eq!(loaded.objects.services.len(), 1);
         assert_eq!(loaded.objects.slices.len(), 1);
@@ -174,7 +344,7 @@ endpoints: []
             "node-node1.json",
         ] {
             let text = std::fs::read_to_string(dir.join(f)).unwrap();
-            load_str(&text, f, &mut loaded);
+            loaded.extend(&parse(&text, f).unwrap());
         }
         assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
         assert_eq!(loaded.objects.services.len(), 5);
@@ -185,9 +355,121 @@ endpoints: []
     #[test]
     fn a_document_of_the_wrong_shape_is_rejected_with_its_position() {
         let text = "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: 7}\n";
-        let mut loaded = Loaded::default();
-        load_str(text, "bad.yaml", &mut loaded);
+        let loaded = parse(text, "bad.yaml").unwrap();
         assert_eq!(loaded.rejected.len(), 1);
         assert!(loaded.rejected[0].object.contains("bad.yaml: document 1"));
+    }
+
+    const WEB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}\n";
+    const DB: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: db, namespace: default}\nspec: {clusterIP: 10.0.0.2, ports: [{port: 5432}]}\n";
+
+    fn names(loaded: &Loaded) -> Vec<String> {
+        let mut v: Vec<String> = loaded
+            .objects
+            .services
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A directory of its own under the system's temporary directory.
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kube-nft-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_syntax_error_fails_the_whole_text_with_its_line() {
+        let text = format!("{WEB}---\nkind: [unclosed\n");
+        let (line, reason) = parse(&text, "t.yaml").unwrap_err();
+        assert_eq!(line, Some(7), "{reason}");
+        assert!(reason.contains("not valid YAML"), "{reason}");
+        assert!(parse("\u{0}\u{1}garbage: : :\n", "t.yaml").is_err());
+    }
+
+    #[test]
+    fn a_file_that_stops_parsing_keeps_its_last_good_objects() {
+        let dir = scratch("store-keep");
+        let (web, db) = (dir.join("web.yaml"), dir.join("db.yaml"));
+        std::fs::write(&web, WEB).unwrap();
+        std::fs::write(&db, DB).unwrap();
+        let mut store = ManifestStore::new(std::slice::from_ref(&dir));
+        let first = store.reload();
+        assert!(store.ready() && first.new_errors.is_empty());
+        assert_eq!(names(&first.loaded), ["db", "web"]);
+
+        // Garbage, then a file cut in the middle of a flow mapping.
+        for broken in ["}}} not yaml {{{\n\t:", &WEB[..WEB.len() - 20]] {
+            std::fs::write(&web, broken).unwrap();
+            let r = store.reload();
+            assert_eq!(names(&r.loaded), ["db", "web"], "{broken:?}");
+            assert_eq!(r.new_errors.len(), 1, "{broken:?}");
+            let (e, kept) = &r.new_errors[0];
+            assert_eq!((&e.file, kept), (&web, &true));
+            assert!(e.line.is_some(), "{e:?}");
+            // The same error again is not new.
+            assert!(store.reload().new_errors.is_empty());
+            assert_eq!(store.errors().count(), 1);
+        }
+        // Emptied (as `cmd > file` does before cmd writes), or bytes that are not UTF-8.
+        std::fs::write(&web, "").unwrap();
+        assert_eq!(names(&store.reload().loaded), ["db", "web"]);
+        std::fs::write(&web, [0xff, 0xfe, 0x00]).unwrap();
+        assert_eq!(names(&store.reload().loaded), ["db", "web"]);
+
+        // Fixed: the new objects apply, the recovery is reported.
+        std::fs::write(&web, WEB.replace("name: web", "name: web2")).unwrap();
+        let r = store.reload();
+        assert_eq!(names(&r.loaded), ["db", "web2"]);
+        assert_eq!(r.recovered, std::slice::from_ref(&web));
+        assert_eq!(store.errors().count(), 0);
+
+        // A file removed from the directory takes its objects with it.
+        std::fs::remove_file(&web).unwrap();
+        assert_eq!(names(&store.reload().loaded), ["db"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_named_file_that_disappears_keeps_its_objects_and_a_broken_start_is_not_ready() {
+        let dir = scratch("store-missing");
+        let web = dir.join("web.yaml");
+        std::fs::write(&web, "{{{").unwrap();
+        let mut store = ManifestStore::new(std::slice::from_ref(&web));
+        let r = store.reload();
+        assert!(!r.new_errors[0].1, "nothing was kept: it never read well");
+        assert!(
+            !store.ready(),
+            "a file never read well leaves the store not ready"
+        );
+        assert!(r.loaded.objects.services.is_empty());
+        std::fs::write(&web, WEB).unwrap();
+        store.reload();
+        assert!(store.ready());
+        std::fs::remove_file(&web).unwrap();
+        let r = store.reload();
+        assert_eq!(names(&r.loaded), ["web"]);
+        assert!(
+            r.new_errors[0].0.reason.contains("cannot be read"),
+            "{:?}",
+            r.new_errors
+        );
+        assert!(store.ready(), "ready stays once reached");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_one_shot_load_refuses_a_file_that_does_not_parse() {
+        let dir = scratch("load-strict");
+        std::fs::write(dir.join("web.yaml"), WEB).unwrap();
+        std::fs::write(dir.join("broken.yaml"), "a: [\n").unwrap();
+        let e = load(std::slice::from_ref(&dir)).unwrap_err();
+        assert_eq!(e.file, dir.join("broken.yaml"));
+        assert!(e.to_string().contains("broken.yaml:"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
