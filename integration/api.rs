@@ -306,7 +306,9 @@ fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
 fn the_recorded_objects_convert_as_expected() {
     use k8s_openapi::api::core::v1 as core;
     use k8s_openapi::api::discovery::v1 as discovery;
-    use kube_nft::model::{convert_endpoint_slice, convert_node, convert_service, Converted};
+    use kube_nft::core::convert::{
+        convert_endpoint_slice, convert_node, convert_service, Converted,
+    };
     let read = |name: &str| -> serde_json::Value {
         let text = std::fs::read_to_string(common::apiserver::fixtures().join(name)).unwrap();
         serde_json::from_str(&text).unwrap()

@@ -6,12 +6,13 @@
 mod common;
 
 use common::*;
+use kube_nft::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
 use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
+use kube_nft::nft::translate::Ruleset;
 use kube_nft::proxy;
 use kube_nft::source::files::parse;
 use kube_nft::text;
-use kube_nft::translate::{Backend, IpvsSettings, NodeConfig, Ruleset};
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -352,7 +353,7 @@ fn parity_with_the_ipvs_backend_table() {
                 "fd00:10:244::/56".parse().unwrap(),
             ],
             service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
-            backend: Backend::Ipvs(IpvsSettings::default()),
+            mode: ProxyMode::Ipvs(IpvsSettings::default()),
             ..NodeConfig::default()
         },
     );

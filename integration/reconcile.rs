@@ -7,13 +7,13 @@ mod common;
 
 use common::*;
 use kube_nft::bench::{bench_service, bench_slice, service_key};
-use kube_nft::model::{ClusterState, ServiceKey};
+use kube_nft::core::model::{ClusterState, ServiceKey};
+use kube_nft::core::node_config::NodeConfig;
 use kube_nft::netns::{in_netns, Netns};
+use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
+use kube_nft::nft::translate::{translate, Ruleset};
 use kube_nft::proxy::{Proxier, SyncKind};
 use kube_nft::ruleset::{Family, Field, Rule, Stmt, TableId};
-use kube_nft::translate::{
-    shard_of, translate, NodeConfig, Ruleset, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS,
-};
 use std::net::IpAddr;
 
 fn config() -> NodeConfig {

@@ -4,12 +4,14 @@
 mod common;
 
 use common::*;
+use kube_nft::core::node_config::NodeConfig;
 use kube_nft::netlink::{NftError, NftSocket};
 use kube_nft::netns::in_netns;
+use kube_nft::nft::names::CHAIN_SERVICES;
+use kube_nft::nft::translate::Ruleset;
 use kube_nft::proxy;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::parse;
-use kube_nft::translate::{NodeConfig, Ruleset, CHAIN_SERVICES};
 
 fn desired(manifests: &str) -> Ruleset {
     let loaded = parse(manifests, "test.yaml").unwrap();

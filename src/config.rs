@@ -7,11 +7,11 @@
 //! at its zero value (kubeadm writes them all), and anything else, including a
 //! misspelt field, stops the start with a message naming the field.
 
-use crate::netlink::ipvs::check_scheduler;
-use crate::source::kubernetes::Connection;
-use crate::translate::{
-    Backend, IpvsSettings, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
+use crate::core::node_config::check_scheduler;
+use crate::core::node_config::{
+    IpvsSettings, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
 };
+use crate::source::kubernetes::Connection;
 use ipnet::IpNet;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -608,8 +608,8 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
         local_addresses: Vec::new(),
         counters: flags.counters,
         masquerade_all: flags.masquerade_all.or(nft.masquerade_all).unwrap_or(false),
-        backend: if ipvs_mode {
-            Backend::Ipvs(IpvsSettings {
+        mode: if ipvs_mode {
+            ProxyMode::Ipvs(IpvsSettings {
                 scheduler: flags
                     .ipvs_scheduler
                     .clone()
@@ -628,7 +628,7 @@ pub fn resolve(flags: &Flags) -> Result<Settings, String> {
                 },
             })
         } else {
-            Backend::Nftables
+            ProxyMode::Nftables
         },
     };
     node.validate().map_err(|e| e.to_string())?;
@@ -900,8 +900,8 @@ winkernel:
             .replace("  strictARP: false", "  strictARP: true");
         let s = resolve_text(&text, Flags::default()).unwrap();
         assert_eq!(
-            s.node.backend,
-            Backend::Ipvs(IpvsSettings {
+            s.node.mode,
+            ProxyMode::Ipvs(IpvsSettings {
                 scheduler: "sh".into(),
                 strict_arp: true,
                 exclude_cidrs: Vec::new(),
@@ -915,7 +915,7 @@ winkernel:
             },
         )
         .unwrap();
-        assert!(matches!(&s.node.backend, Backend::Ipvs(i) if i.scheduler == "mh"));
+        assert!(matches!(&s.node.mode, ProxyMode::Ipvs(i) if i.scheduler == "mh"));
         let err = resolve_text(
             &text,
             Flags {
@@ -933,7 +933,7 @@ winkernel:
             },
         )
         .unwrap();
-        assert_eq!(s.node.backend, Backend::Nftables);
+        assert_eq!(s.node.mode, ProxyMode::Nftables);
     }
 
     #[test]

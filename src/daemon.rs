@@ -9,6 +9,7 @@
 //! SIGTERM and SIGINT stop the daemon and leave the rules serving.
 
 use crate::config::{DetectLocal, Settings, Source};
+use crate::core::node_config::{NodeConfig, NodePortAddresses};
 use crate::healthcheck::{self, HealthServers};
 use crate::http::Response;
 use crate::metrics::Metrics;
@@ -21,7 +22,6 @@ use crate::source::files::{self, ManifestStore};
 use crate::source::tracker::ChangeTracker;
 use crate::source::{kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
-use crate::translate::{NodeConfig, NodePortAddresses};
 use ipnet::IpNet;
 use std::path::PathBuf;
 use std::sync::mpsc;

@@ -7,12 +7,13 @@
 //! path with its share of connections. Dynamic sets (session affinity) start
 //! empty here: the walk shows where a client new to the Service goes.
 
+use crate::nft::names::{MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
+use crate::nft::translate::Ruleset;
 use crate::ruleset::{
     Chain, ChainType, Direction, Element, Family, Field, Hook, KeyValue, Mapped, Protocol, Rule,
     Stmt, Table, Verdict,
 };
 use crate::text;
-use crate::translate::{Ruleset, MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
 use std::fmt::{self, Write};
 use std::net::IpAddr;
 
@@ -563,7 +564,7 @@ mod tests {
             m += &format!("- addresses: [10.244.0.{i}]\n");
         }
         let loaded = crate::source::files::parse(&m, "t.yaml").unwrap();
-        let config = crate::translate::NodeConfig {
+        let config = crate::core::node_config::NodeConfig {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             ..Default::default()
         };

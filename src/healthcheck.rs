@@ -4,7 +4,7 @@
 //! (so the load balancer stops sending) when it has none. The JSON body and
 //! headers are kube-proxy's.
 
-use crate::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, ServiceKey};
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::net::{TcpListener, TcpStream};

@@ -11,13 +11,14 @@
 //! IPVS has no transactions and no owner marks. Ours are the virtual services on
 //! addresses of `kube-ipvs0` or on NodePort addresses, outside `--ipvs-exclude-cidrs`.
 
-use crate::model::{ClusterState, Service, ServiceKey};
+use crate::core::model::{ClusterState, Service, ServiceKey};
+use crate::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
+use crate::core::policy::{categorize, port_endpoints};
 use crate::netlink::ipvs::{
     Command, IpvsError, IpvsSocket, RealServer, VirtualKey, VirtualService,
 };
 use crate::netlink::route::{self, RouteError};
 use crate::ruleset::Family;
-use crate::translate::{categorize, Backend, IpvsSettings, NodeConfig};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
@@ -74,11 +75,7 @@ pub fn virtual_servers(
             .collect();
         let nodeport_ips = config.nodeport_ips(node, family);
         for port in &svc.ports {
-            let eps: Vec<_> = state
-                .endpoints_for(svc, port)
-                .into_iter()
-                .filter(|e| Family::of(&e.addr) == family)
-                .collect();
+            let eps = port_endpoints(state, svc, port, family);
             let chosen = categorize(svc, &eps, node);
             let reals = |local: bool| -> Vec<RealServer> {
                 let list = if local {
@@ -239,9 +236,9 @@ pub struct IpvsTables {
 }
 
 fn settings(config: &NodeConfig) -> IpvsSettings {
-    match &config.backend {
-        Backend::Ipvs(s) => s.clone(),
-        Backend::Nftables => IpvsSettings::default(),
+    match &config.mode {
+        ProxyMode::Ipvs(s) => s.clone(),
+        ProxyMode::Nftables => IpvsSettings::default(),
     }
 }
 
@@ -519,10 +516,10 @@ mod tests {
     fn cluster(manifests: &str) -> (ClusterState, NodeConfig) {
         let loaded = crate::source::files::parse(manifests, "test").unwrap();
         assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
-        let validated = crate::model::build_state(&loaded.objects, Some("node-a"));
+        let validated = crate::core::convert::build_state(&loaded.objects, Some("node-a"));
         assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);
         let config = NodeConfig {
-            backend: Backend::Ipvs(IpvsSettings {
+            mode: ProxyMode::Ipvs(IpvsSettings {
                 scheduler: "wlc".into(),
                 ..IpvsSettings::default()
             }),

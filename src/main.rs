@@ -2,12 +2,12 @@
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
+use kube_nft::core::node_config::{
+    IpvsSettings, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+};
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
-use kube_nft::translate::{
-    Backend, IpvsSettings, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
-};
 use kube_nft::{config, daemon};
 use kube_nft::{proxy, text};
 use std::path::PathBuf;
@@ -278,7 +278,7 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
             counters: self.counters,
             masquerade_all: self.masquerade_all,
-            backend: backend_named(&self.proxy_mode),
+            mode: backend_named(&self.proxy_mode),
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -292,7 +292,7 @@ impl ProxyArgs {
 
     /// Loads and translates; a manifest that cannot be read at all is an error,
     /// a malformed object in one is logged and skipped.
-    fn desired(&self, config: &NodeConfig) -> Result<kube_nft::translate::Ruleset, String> {
+    fn desired(&self, config: &NodeConfig) -> Result<kube_nft::nft::translate::Ruleset, String> {
         let loaded = files::load(&self.manifests).map_err(|e| format!("manifest {e}"))?;
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
@@ -347,7 +347,7 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
-                backend: backend_named(&backend),
+                mode: backend_named(&backend),
                 ..NodeConfig::default()
             },
         })
@@ -405,10 +405,10 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 
 /// `--proxy-mode`/`--backend` of the one-shot commands (clap has checked the
 /// name): the backend with its default settings.
-fn backend_named(mode: &str) -> Backend {
+fn backend_named(mode: &str) -> ProxyMode {
     match mode {
-        "ipvs" => Backend::Ipvs(IpvsSettings::default()),
-        _ => Backend::Nftables,
+        "ipvs" => ProxyMode::Ipvs(IpvsSettings::default()),
+        _ => ProxyMode::Nftables,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Prometheus metrics, with kube-proxy's names where the meaning is the same (so
 //! existing dashboards and alerts keep working) and `kubenft_` for our own.
 
-use crate::model::{ClusterState, Rejected};
+use crate::core::model::{ClusterState, Rejected};
 use crate::proxy::{SyncKind, SyncReport};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;

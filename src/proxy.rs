@@ -17,23 +17,23 @@
 //! mode keeps, and then over IPVS (`ipvs::IpvsTables`) for the same Services:
 //! full after full, partial after partial.
 
+use crate::core::convert::{build_state, Objects, Validated};
+use crate::core::model::{ClusterState, EndpointSlice, NodeInfo, Rejected, Service, ServiceKey};
+use crate::core::node_config::NodeConfig;
 use crate::ipvs::{BackendError, IpvsReport, IpvsTables};
-use crate::model::{
-    build_state, ClusterState, EndpointSlice, NodeInfo, Objects, Rejected, Service, ServiceKey,
-    Validated,
-};
-use crate::netlink::diff::{diff_rules, Plan};
-use crate::netlink::lower::{
-    lower_chain, lower_counter, lower_element, lower_set, lower_table, KernelChain, KernelCounter,
-    KernelElement, KernelSet,
-};
-use crate::netlink::view::{slots, RuleView, TableView};
+use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet};
 use crate::netlink::{Committed, KernelTable, NftError, NftSocket};
-use crate::ruleset::{Family, Mapped, TableId};
-use crate::translate::{
-    hairpin_element, node_elements, service_rules, skeleton_of, table_ids, translate,
-    translate_with_hints, NodeConfig, Ruleset, SlotHints, SlotKey, SET_HAIRPIN,
+use crate::nft::lower::{lower_chain, lower_counter, lower_element, lower_set, lower_table};
+use crate::nft::names::{table_ids, SET_HAIRPIN};
+use crate::nft::plan::{diff_rules, Plan};
+use crate::nft::service::service_rules;
+use crate::nft::skeleton::skeleton_of;
+use crate::nft::slots::{SlotHints, SlotKey};
+use crate::nft::translate::{
+    hairpin_element, node_elements, translate, translate_with_hints, Ruleset,
 };
+use crate::nft::view::{slots, RuleView, TableView};
+use crate::ruleset::{Family, Mapped, TableId};
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -280,7 +280,7 @@ impl Proxier {
     /// network namespace. The first sync is a full one: it adopts whatever correct
     /// state the kernel already has.
     pub fn new(config: NodeConfig) -> std::io::Result<Proxier> {
-        let ipvs = if config.backend.is_ipvs() {
+        let ipvs = if config.mode.is_ipvs() {
             Some(IpvsTables::open().map_err(std::io::Error::other)?)
         } else {
             None

@@ -9,11 +9,12 @@
 //! each destination may now reach, and delete the others so their next packet is
 //! load-balanced again. A deleted Service's destinations may reach nothing.
 
-use crate::model::{ClusterState, Service, ServiceKey};
+use crate::core::model::{ClusterState, Service, ServiceKey};
+use crate::core::node_config::NodeConfig;
+use crate::core::policy::{categorize, port_endpoints};
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
 use crate::proxy::{SyncKind, SyncReport};
 use crate::ruleset::{Family, Protocol};
-use crate::translate::{categorize, NodeConfig};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
@@ -26,13 +27,8 @@ pub fn udp_destinations(state: &ClusterState, svc: &Service, config: &NodeConfig
     let node = state.node.as_ref();
     let mut out = Destinations::new();
     for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
-        let all = state.endpoints_for(svc, port);
         for family in Family::ALL {
-            let in_family: Vec<_> = all
-                .iter()
-                .filter(|e| Family::of(&e.addr) == family)
-                .cloned()
-                .collect();
+            let in_family = port_endpoints(state, svc, port, family);
             let eps = categorize(svc, &in_family, node);
             let allowed: BTreeSet<Addr> = eps
                 .cluster

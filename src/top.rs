@@ -1,8 +1,8 @@
 //! `kube-nft top`: the Service ports ranked by traffic, from the named counters
 //! `--counters` keeps (one per Service port and family, see `translate`).
 
-use crate::netlink::lower::comment_of;
 use crate::netlink::nftables::{CounterReading, NftError, NftSocket};
+use crate::netlink::objects::comment_of;
 use crate::ruleset::{Family, TABLE_NAME};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -78,7 +78,7 @@ pub fn table(rows: &[PortTraffic]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::lower::{comment_udata, KernelCounter};
+    use crate::netlink::objects::{comment_udata, KernelCounter};
 
     fn reading(name: &str, label: &str, packets: u64, bytes: u64) -> CounterReading {
         CounterReading {

@@ -5,8 +5,8 @@
 //! `iptables-legacy-restore`, in the same topology and the same run.
 
 use super::{bench_config, bench_slice, median, service_key, synthetic_state, vip};
+use crate::core::model::ClusterState;
 use crate::lab::topology::Topology;
-use crate::model::ClusterState;
 use crate::netns::{in_netns, sysctl_in};
 use crate::proxy::Proxier;
 use std::fmt::Write as _;

@@ -10,14 +10,15 @@
 pub mod dataplane;
 pub mod plot;
 
-use crate::model::{
+use crate::core::model::{
     ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,
     ServicePort, TargetPort,
 };
+use crate::core::node_config::NodeConfig;
 use crate::netns::{in_netns, Netns};
+use crate::nft::translate::translate;
 use crate::proxy::Proxier;
 use crate::ruleset::{Family, Protocol};
-use crate::translate::{translate, NodeConfig};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;

@@ -8,10 +8,12 @@
 pub mod hostname_server;
 pub mod topology;
 
-use crate::model::{build_state, Objects};
+use crate::core::convert::{build_state, Objects};
+use crate::core::node_config::NodeConfig;
+use crate::core::policy::usable_endpoints;
+use crate::nft::names::CHAIN_SERVICES;
 use crate::ruleset::{Family, Protocol};
 use crate::source::files::{self, Loaded};
-use crate::translate::{usable_endpoints, NodeConfig, CHAIN_SERVICES};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
@@ -317,7 +319,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
 
-    if opts.config.backend.is_ipvs() {
+    if opts.config.mode.is_ipvs() {
         println!(
             "\n# IPVS   (in {}; as `ipvsadm -Ln` lists it)",
             topo.node.name

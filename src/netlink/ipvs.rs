@@ -56,22 +56,6 @@ const IP_VS_CONN_F_MASQ: u32 = 0;
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
 
-/// The schedulers kube-proxy offers (`--ipvs-scheduler`), each an `ip_vs_<name>` module.
-pub const SCHEDULERS: &[&str] = &[
-    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh",
-];
-
-/// `Err` with what is wrong when `name` is not one of `SCHEDULERS`.
-pub fn check_scheduler(name: &str) -> Result<(), String> {
-    if SCHEDULERS.contains(&name) {
-        return Ok(());
-    }
-    Err(format!(
-        "{name:?} is not an IPVS scheduler ({})",
-        SCHEDULERS.join(", ")
-    ))
-}
-
 /// What identifies a virtual service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct VirtualKey {

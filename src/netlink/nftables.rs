@@ -10,12 +10,12 @@ use super::attr::{AttrWriter, Attrs, ParseError, Payload};
 use super::expr::{
     parse_data, parse_list, write_verdict, Data, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
 };
-use super::lower::{
-    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, OBJECT_COUNTER,
-};
 use super::message::{
     exchange, finish_msg, parse_error, put_nlmsghdr, split_messages, NlMsg, Refusal, NLMSG_ERROR,
     NLMSG_HDRLEN, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
+use super::objects::{
+    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, OBJECT_COUNTER,
 };
 use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped, TableId};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};

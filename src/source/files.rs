@@ -10,7 +10,8 @@
 //! - A **document** that is YAML but not a valid object (a Service whose ports are
 //!   a number, say) is `Rejected` on its own; the rest of the file still loads.
 
-use crate::model::{Objects, Rejected};
+use crate::core::convert::Objects;
+use crate::core::model::Rejected;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;

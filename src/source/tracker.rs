@@ -6,10 +6,10 @@
 //! expired watch, which repeats everything we already have, costs no rules.
 
 use super::{Delta, Update};
-use crate::model::{
-    convert_endpoint_slice, convert_node, convert_service, namespace_of, Converted, NodeInfo,
-    Rejected, ServiceKey,
+use crate::core::convert::{
+    convert_endpoint_slice, convert_node, convert_service, namespace_of, Converted,
 };
+use crate::core::model::{NodeInfo, Rejected, ServiceKey};
 use crate::proxy::Proxier;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;

@@ -3,12 +3,12 @@
 //! definition and elements. Enough to diff against, at a fraction of the memory of
 //! the decoded rules (100k rules: a few MiB).
 
-use super::attr::AttrWriter;
-use super::expr::{Data, Expr, REG_1, REG_2};
-use super::lower::{KernelCounter, KernelElement, KernelRule, KernelSet};
-use super::nftables::{
+use crate::netlink::attr::AttrWriter;
+use crate::netlink::expr::{Data, Expr, REG_1, REG_2};
+use crate::netlink::nftables::{
     parse_chain, parse_elements, parse_set, NftError, NftSocket, GETCHAIN, GETSET, GETSETELEM,
 };
+use crate::netlink::objects::{KernelCounter, KernelElement, KernelRule, KernelSet};
 use crate::ruleset::{BaseChain, Family};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

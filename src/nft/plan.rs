@@ -7,9 +7,11 @@
 //! counter) are deleted before it. The whole plan commits atomically, so packets
 //! never see a half state.
 
-use super::lower::{KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable};
-use super::nftables::{replace_tables, Batch};
-use super::view::{fingerprint, RuleView};
+use crate::netlink::nftables::{replace_tables, Batch};
+use crate::netlink::objects::{
+    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable,
+};
+use crate::nft::view::{fingerprint, RuleView};
 use crate::ruleset::TableId;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -225,7 +227,7 @@ fn elements_of<'a>(
 mod tests {
     use super::*;
     use crate::netlink::expr::Expr;
-    use crate::netlink::view::rule_view;
+    use crate::nft::view::rule_view;
 
     fn rule(tag: &str) -> KernelRule {
         KernelRule {

@@ -1,0 +1,337 @@
+//! The validated model of what kube-nft proxies: Services, their ports, and their
+//! endpoints merged from every EndpointSlice. Plain data, the same for every
+//! dataplane; `convert` is the only way in from the Kubernetes API types.
+
+use crate::ruleset::{Family, Protocol};
+use ipnet::IpNet;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Services labelled with this belong to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ServiceKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// An object that failed validation, with the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// `Service default/web`, `EndpointSlice default/web-abc12`, or a file position.
+    pub object: String,
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.object, self.reason)
+        } else {
+            write!(f, "{}: {}: {}", self.object, self.field, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    Named(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Empty for the single unnamed port a Service may have.
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub target_port: TargetPort,
+    /// Set for NodePort and LoadBalancer Services (unless node ports are not allocated).
+    pub node_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Service {
+    pub key: ServiceKey,
+    /// One per IP family the Service has (dual-stack Services have two).
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, except those with `ipMode: Proxy`
+    /// (the load balancer proxies those itself, so the node must not capture them).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges`: who may reach the load balancer IPs.
+    pub source_ranges: Vec<IpNet>,
+    /// `externalTrafficPolicy: Local` on a Service reachable from outside.
+    pub external_policy_local: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_policy_local: bool,
+    pub health_check_node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP`, with its timeout in seconds.
+    pub affinity_timeout: Option<u32>,
+    /// The `kube-nft.io/ipvs-scheduler` annotation (IPVS backend only).
+    pub ipvs_scheduler: Option<String>,
+}
+
+/// Picks this Service's IPVS scheduler over `--ipvs-scheduler`.
+pub const IPVS_SCHEDULER_ANNOTATION: &str = "kube-nft.io/ipvs-scheduler";
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+impl Service {
+    /// The ClusterIP of one family, if the Service has that family.
+    pub fn cluster_ip_of(&self, family: Family) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(ip) == family)
+    }
+
+    /// Whether the Service has destinations outside its ClusterIPs.
+    pub fn externally_accessible(&self) -> bool {
+        self.ports.iter().any(|p| p.node_port.is_some())
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
+    }
+
+    /// kube-proxy's `UsesClusterEndpoints`: some traffic may go to any endpoint.
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+    }
+
+    /// kube-proxy's `UsesLocalEndpoints`: some traffic goes to this node's only.
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
+    }
+
+    /// `ns/name:port`, the name kube-proxy users know a Service port by (the port
+    /// number stands in for the name of an unnamed port).
+    pub fn port_label(&self, port: &ServicePort) -> String {
+        if port.name.is_empty() {
+            format!("{}:{}", self.key, port.port)
+        } else {
+            format!("{}:{}", self.key, port.name)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Conditions {
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+}
+
+impl Conditions {
+    /// Still serving while terminating: used when no endpoint is ready.
+    pub fn serving_terminating(&self) -> bool {
+        self.serving && self.terminating
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: IpAddr,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub hints: Hints,
+}
+
+/// Topology hints the EndpointSlice controller writes (from `trafficDistribution`).
+/// Most endpoints have none, and a cluster has 100k endpoints or more: boxed, so
+/// an endpoint without hints carries one pointer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hints(Option<Box<HintLists>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct HintLists {
+    for_zones: Vec<String>,
+    for_nodes: Vec<String>,
+}
+
+impl Hints {
+    pub fn new(for_zones: Vec<String>, for_nodes: Vec<String>) -> Hints {
+        if for_zones.is_empty() && for_nodes.is_empty() {
+            return Hints(None);
+        }
+        Hints(Some(Box::new(HintLists {
+            for_zones,
+            for_nodes,
+        })))
+    }
+
+    pub fn for_zones(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |h| &h.for_zones)
+    }
+
+    pub fn for_nodes(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |h| &h.for_nodes)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointPort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// One EndpointSlice, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub name: String,
+    pub service: ServiceKey,
+    pub family: Family,
+    pub ports: Vec<EndpointPort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// An endpoint of one Service port: an address with the port to DNAT to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoint {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub hints: Hints,
+}
+
+impl PortEndpoint {
+    /// Whether the endpoint runs on this node (never, when the node is unknown).
+    pub fn is_on(&self, node: Option<&NodeInfo>) -> bool {
+        node.is_some_and(|n| self.node_name.as_deref() == Some(n.name.as_str()))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeInfo {
+    pub name: String,
+    pub zone: Option<String>,
+    /// The node's primary IPs, one per family: its first InternalIP of the family,
+    /// else its first ExternalIP (as kube-proxy picks them).
+    pub primary_ips: Vec<IpAddr>,
+    /// `spec.podCIDRs`: this node's pods, for `detectLocalMode: NodeCIDR`.
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+/// The EndpointSlices of one Service, by name. Most Services have one or two,
+/// so a sorted vector: a map would allocate a whole tree node per Service.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Slices(Vec<EndpointSlice>);
+
+impl Slices {
+    pub fn get(&self, name: &str) -> Option<&EndpointSlice> {
+        self.find(name).ok().map(|i| &self.0[i])
+    }
+
+    /// Adds the slice, or replaces the one of the same name (returned).
+    pub fn insert(&mut self, slice: EndpointSlice) -> Option<EndpointSlice> {
+        match self.find(&slice.name) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i], slice)),
+            Err(i) => {
+                self.0.insert(i, slice);
+                None
+            }
+        }
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<EndpointSlice> {
+        self.find(name).ok().map(|i| self.0.remove(i))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.0.iter()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut EndpointSlice> {
+        self.0.iter_mut()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|s| s.name.as_str().cmp(name))
+    }
+}
+
+impl FromIterator<EndpointSlice> for Slices {
+    fn from_iter<I: IntoIterator<Item = EndpointSlice>>(iter: I) -> Self {
+        let mut slices = Slices::default();
+        for s in iter {
+            slices.insert(s);
+        }
+        slices
+    }
+}
+
+/// Everything kube-nft proxies, as validated objects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    pub services: BTreeMap<ServiceKey, Service>,
+    /// Slices by Service.
+    pub slices: BTreeMap<ServiceKey, Slices>,
+    pub node: Option<NodeInfo>,
+}
+
+impl ClusterState {
+    /// The endpoints of one Service port, merged over all its slices: matched by
+    /// port name and protocol, de-duplicated by address and port. When two slices
+    /// disagree about an endpoint, the one that is more ready wins.
+    pub fn endpoints_for(&self, svc: &Service, port: &ServicePort) -> Vec<PortEndpoint> {
+        let mut merged: BTreeMap<(IpAddr, u16), PortEndpoint> = BTreeMap::new();
+        let Some(slices) = self.slices.get(&svc.key) else {
+            return Vec::new();
+        };
+        for slice in slices.values() {
+            let Some(sp) = slice
+                .ports
+                .iter()
+                .find(|p| p.name == port.name && p.protocol == port.protocol)
+            else {
+                continue;
+            };
+            for ep in &slice.endpoints {
+                let candidate = PortEndpoint {
+                    addr: ep.addr,
+                    port: sp.port,
+                    conditions: ep.conditions,
+                    node_name: ep.node_name.clone(),
+                    zone: ep.zone.clone(),
+                    hints: ep.hints.clone(),
+                };
+                merged
+                    .entry((ep.addr, sp.port))
+                    .and_modify(|cur| {
+                        if rank(&candidate.conditions) > rank(&cur.conditions) {
+                            *cur = candidate.clone();
+                        }
+                    })
+                    .or_insert(candidate);
+            }
+        }
+        merged.into_values().collect()
+    }
+}
+
+fn rank(c: &Conditions) -> u8 {
+    (c.ready as u8) * 2 + c.serving as u8
+}

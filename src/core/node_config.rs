@@ -1,0 +1,223 @@
+//! This node's settings that shape what every dataplane programs: the cluster's
+//! and the Services' CIDRs, the addresses NodePorts are served on, masquerading,
+//! and which proxy mode runs (with the IPVS scheduler check, shared by the flag,
+//! the config file and the per-Service annotation).
+
+use crate::core::model::NodeInfo;
+use crate::ruleset::Family;
+use ipnet::IpNet;
+use std::fmt;
+use std::net::IpAddr;
+
+/// The schedulers kube-proxy offers (`--ipvs-scheduler`), each an `ip_vs_<name>` module.
+pub const SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "mh",
+];
+
+/// `Err` with what is wrong when `name` is not one of `SCHEDULERS`.
+pub fn check_scheduler(name: &str) -> Result<(), String> {
+    if SCHEDULERS.contains(&name) {
+        return Ok(());
+    }
+    Err(format!(
+        "{name:?} is not an IPVS scheduler ({})",
+        SCHEDULERS.join(", ")
+    ))
+}
+
+/// kube-proxy's default masquerade bit (`--iptables-masquerade-bit`), 0x4000.
+pub const DEFAULT_MASQUERADE_BIT: u8 = 14;
+
+/// This node's settings that shape the ruleset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// Pod CIDRs: traffic from outside them to a ClusterIP is masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// Service CIDRs: traffic to an unallocated address in them is dropped.
+    pub service_cidrs: Vec<IpNet>,
+    pub masquerade_bit: u8,
+    /// Which of this node's addresses accept NodePort traffic.
+    pub nodeport_addresses: NodePortAddresses,
+    /// This node's interface addresses (read from the kernel by the caller), which
+    /// `--nodeport-addresses` CIDRs select from.
+    pub local_addresses: Vec<IpAddr>,
+    /// `--counters`: a named counter per Service port, counting every packet of
+    /// its connections in both directions.
+    pub counters: bool,
+    /// `--masquerade-all`: masquerade every connection to a ClusterIP, not only
+    /// those from outside the cluster CIDRs.
+    pub masquerade_all: bool,
+    /// Who picks endpoints and rewrites destinations.
+    pub mode: ProxyMode,
+}
+
+/// `--proxy-mode`: nftables does everything; with IPVS, IPVS balances and the
+/// nftables table keeps the rest (masquerade, firewall, rejects).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ProxyMode {
+    #[default]
+    Nftables,
+    Ipvs(IpvsSettings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsSettings {
+    /// `--ipvs-scheduler`, for Services without the scheduler annotation.
+    pub scheduler: String,
+    /// `--ipvs-strict-arp`: answer ARP only for addresses on the asked interface.
+    pub strict_arp: bool,
+    /// `--ipvs-exclude-cidrs`: virtual services there are someone else's.
+    pub exclude_cidrs: Vec<IpNet>,
+}
+
+impl Default for IpvsSettings {
+    fn default() -> Self {
+        IpvsSettings {
+            scheduler: "rr".into(),
+            strict_arp: false,
+            exclude_cidrs: Vec::new(),
+        }
+    }
+}
+
+impl ProxyMode {
+    pub fn is_ipvs(&self) -> bool {
+        matches!(self, ProxyMode::Ipvs(_))
+    }
+}
+
+/// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
+/// nftables default) or the local addresses inside some CIDRs. Loopback never.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    #[default]
+    Primary,
+    Cidrs(Vec<IpNet>),
+}
+
+impl std::str::FromStr for NodePortAddresses {
+    type Err = String;
+
+    /// kube-proxy's list: `primary` alone, or CIDRs and `all` (every address).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let items: Vec<&str> = s
+            .split(',')
+            .map(str::trim)
+            .filter(|i| !i.is_empty())
+            .collect();
+        if items.is_empty() || items == ["primary"] {
+            return Ok(NodePortAddresses::Primary);
+        }
+        let mut cidrs = Vec::new();
+        for item in items {
+            match item {
+                "all" => cidrs.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<IpNet>().unwrap())),
+                "primary" => {
+                    return Err(
+                        "\"primary\" together with CIDRs is not supported; give either".into(),
+                    )
+                }
+                "localhost" => {
+                    return Err(
+                        "\"localhost\" is not supported: NodePorts are never served on loopback"
+                            .into(),
+                    )
+                }
+                cidr => cidrs.push(
+                    cidr.parse::<IpNet>()
+                        .map_err(|_| format!("{cidr:?} is not a CIDR, \"primary\" or \"all\""))?
+                        .trunc(),
+                ),
+            }
+        }
+        Ok(NodePortAddresses::Cidrs(cidrs))
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            nodeport_addresses: NodePortAddresses::Primary,
+            local_addresses: Vec::new(),
+            counters: false,
+            masquerade_all: false,
+            mode: ProxyMode::Nftables,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl NodeConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (flag, cidrs) in [
+            ("--cluster-cidr", &self.cluster_cidrs),
+            ("--service-cidr", &self.service_cidrs),
+        ] {
+            for family in Family::ALL {
+                let n = cidrs.iter().filter(|c| Family::of_net(c) == family).count();
+                if n > 1 {
+                    return Err(ConfigError(format!(
+                        "{flag}: {n} {} CIDRs given; one per family is supported (dual-stack: one IPv4 and one IPv6)",
+                        family.keyword()
+                    )));
+                }
+            }
+            if let Some(c) = cidrs.iter().find(|c| c.prefix_len() == 0) {
+                return Err(ConfigError(format!("{flag}: {c} covers every address")));
+            }
+        }
+        if self.masquerade_bit > 31 {
+            return Err(ConfigError(format!(
+                "masquerade bit {} is not in 0..31",
+                self.masquerade_bit
+            )));
+        }
+        if let ProxyMode::Ipvs(ipvs) = &self.mode {
+            check_scheduler(&ipvs.scheduler)
+                .map_err(|e| ConfigError(format!("--ipvs-scheduler: {e}")))?;
+        }
+        Ok(())
+    }
+
+    pub fn masquerade_mark(&self) -> u32 {
+        1 << self.masquerade_bit
+    }
+
+    /// The addresses NodePorts are served on, in one family.
+    pub fn nodeport_ips(&self, node: Option<&NodeInfo>, family: Family) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = match &self.nodeport_addresses {
+            NodePortAddresses::Primary => node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
+            NodePortAddresses::Cidrs(cidrs) => self
+                .local_addresses
+                .iter()
+                .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
+                .copied()
+                .collect(),
+        };
+        ips.retain(|a| Family::of(a) == family && !a.is_loopback());
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
+    /// The first CIDR of `family` among `cidrs`, host bits cleared.
+    pub fn cidr(cidrs: &[IpNet], family: Family) -> Option<IpNet> {
+        cidrs
+            .iter()
+            .find(|c| Family::of_net(c) == family)
+            .map(|c| c.trunc())
+    }
+}

@@ -1,0 +1,501 @@
+//! What one Service contributes to one family's tables: its port chains
+//! (`svc-`, `local-`, `external-`, `firewall-`), their dispatch and no-endpoint
+//! elements, affinity sets, counters and hairpin addresses.
+
+use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
+use crate::core::node_config::NodeConfig;
+use crate::core::policy::{categorize, port_endpoints};
+use crate::nft::ipvs_helper::*;
+use crate::nft::names::*;
+use crate::nft::slots::*;
+use crate::ruleset::{
+    clamp_comment, Chain, Element, Family, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt,
+    TableId, Verdict,
+};
+use ipnet::IpNet;
+use std::net::IpAddr;
+
+pub(super) fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
+    vec![
+        KeyValue::Addr(vip),
+        KeyValue::Proto(port.protocol),
+        KeyValue::Port(port.port),
+    ]
+}
+
+/// Session affinity of one Service port: the clients each endpoint has seen.
+struct Affinity<'a> {
+    /// `ns/name/proto/port`, which with the endpoint names its set.
+    port_id: &'a str,
+    timeout: u32,
+}
+
+impl Affinity<'_> {
+    fn set_name(&self, ep: &PortEndpoint) -> String {
+        chain_name(
+            "affinity",
+            // nft set names take no ':' (IPv6). The timeout is in the name: a
+            // new timeout is a new set.
+            &format!(
+                "{}/{}/{}/{}s",
+                self.port_id,
+                ep.addr.to_string().replace(':', "-"),
+                ep.port,
+                self.timeout
+            ),
+        )
+    }
+
+    fn set(&self, family: Family, ep: &PortEndpoint) -> Set {
+        Set {
+            name: self.set_name(ep),
+            key: vec![family.addr_type()],
+            data: None,
+            comment: None,
+            timeout: Some(self.timeout),
+            elements: Vec::new(),
+        }
+    }
+}
+
+/// The endpoint-selection chain of one Service port: a `numgen` cascade, one rule
+/// per slot from the highest down. The rule of slot k matches with probability
+/// 1/(k+1) (slot 0 always), so each of n endpoints gets exactly 1/n.
+///
+/// With session affinity, each endpoint also has a timeout set of the clients it
+/// served: a client found in one goes back to that endpoint, and the cascade
+/// records the client in the set of the endpoint it picks. An endpoint that leaves
+/// takes its set with it, so no client is ever sent back to it.
+fn service_port_chain(
+    name: String,
+    label: &str,
+    port: &ServicePort,
+    slots: &[&PortEndpoint],
+    affinity: Option<&Affinity>,
+) -> Chain {
+    let dnat = |ep: &PortEndpoint| Stmt::Dnat {
+        addr: ep.addr,
+        port: ep.port,
+    };
+    let mut rules = Vec::new();
+    if let Some(a) = affinity {
+        for ep in slots.iter().rev() {
+            rules.push(Rule::new(vec![
+                Stmt::L4Proto(port.protocol),
+                Stmt::InSet {
+                    fields: vec![Field::Saddr],
+                    set: a.set_name(ep),
+                },
+                dnat(ep),
+            ]));
+        }
+    }
+    for (k, ep) in slots.iter().enumerate().rev() {
+        let mut stmts = vec![Stmt::L4Proto(port.protocol)];
+        if k > 0 {
+            stmts.push(Stmt::NumgenEq {
+                modulus: k as u32 + 1,
+                value: 0,
+            });
+        }
+        if let Some(a) = affinity {
+            stmts.push(Stmt::SetUpdate {
+                field: Field::Saddr,
+                set: a.set_name(ep),
+            });
+        }
+        stmts.push(dnat(ep));
+        rules.push(Rule::new(stmts));
+    }
+    Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(label)),
+        rules,
+    }
+}
+
+/// What one Service contributes to one family's tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRules {
+    /// The Service table that holds this Service's port chains, its dispatch
+    /// elements and its sets (the main table with the IPVS backend).
+    pub table: TableId,
+    /// Chains in `table`.
+    pub chains: Vec<Chain>,
+    /// Chains in the main table: the source-range firewall, which the filter
+    /// hooks reach.
+    pub main_chains: Vec<Chain>,
+    /// Sets of this Service alone (session affinity), in `table`, created and
+    /// deleted with it.
+    pub sets: Vec<Set>,
+    /// Elements, with the name of the set or map they belong to (in the table
+    /// `home` says).
+    pub elements: Vec<(&'static str, Element)>,
+    /// Endpoints that need a hairpin element (shared between Services).
+    pub hairpin: Vec<IpAddr>,
+    /// One per Service port with `--counters`.
+    pub counters: Vec<NamedCounter>,
+}
+
+impl ServiceRules {
+    fn new(table: TableId) -> ServiceRules {
+        ServiceRules {
+            table,
+            chains: Vec::new(),
+            main_chains: Vec::new(),
+            sets: Vec::new(),
+            elements: Vec::new(),
+            hairpin: Vec::new(),
+            counters: Vec::new(),
+        }
+    }
+
+    /// The table whose set or map `set` this Service's element belongs to: the
+    /// dispatch maps are in its Service table, every other set in the main one.
+    pub fn home(&self, set: &str) -> TableId {
+        if set == MAP_SERVICE_IPS || set == MAP_SERVICE_NODEPORTS {
+            self.table
+        } else {
+            TableId::main(self.table.family)
+        }
+    }
+}
+
+pub(super) fn element(key: Vec<KeyValue>, verdict: Option<Verdict>, comment: &str) -> Element {
+    Element {
+        key,
+        value: verdict.map(Mapped::Verdict),
+        comment: Some(clamp_comment(comment)),
+    }
+}
+
+pub(super) fn nodeport_key(port: &ServicePort, node_port: u16) -> Vec<KeyValue> {
+    vec![KeyValue::Proto(port.protocol), KeyValue::Port(node_port)]
+}
+
+/// The source-range firewall of a load balancer: listed sources return to the
+/// caller (`firewall-check`), every other source is dropped.
+fn firewall_chain(name: String, svc: &Service, ranges: &[IpNet]) -> Chain {
+    let mut rules: Vec<Rule> = ranges
+        .iter()
+        .map(|r| {
+            Rule::new(vec![
+                Stmt::AddrMatch {
+                    field: Field::Saddr,
+                    net: *r,
+                    negate: false,
+                },
+                Stmt::Verdict(Verdict::Return),
+            ])
+        })
+        .collect();
+    rules.push(
+        Rule::new(vec![Stmt::Verdict(Verdict::Drop)])
+            .with_comment("source outside loadBalancerSourceRanges"),
+    );
+    Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(&svc.key.to_string())),
+        rules,
+    }
+}
+
+/// The endpoint-picking chains of one Service port, by traffic policy.
+pub(super) struct PolicyChains {
+    cluster: Option<String>,
+    local: Option<String>,
+}
+
+impl PolicyChains {
+    fn internal(&self, svc: &Service) -> Option<&str> {
+        if svc.internal_policy_local {
+            self.local.as_deref()
+        } else {
+            self.cluster.as_deref()
+        }
+    }
+
+    pub(super) fn external(&self, svc: &Service) -> Option<&str> {
+        if svc.external_policy_local {
+            self.local.as_deref()
+        } else {
+            self.cluster.as_deref()
+        }
+    }
+}
+
+/// The chain external traffic (NodePorts, external IPs, load balancer IPs) enters.
+/// With `externalTrafficPolicy: Cluster` it is masqueraded and may go anywhere.
+/// With `Local`, clients outside the node keep their source address and reach only
+/// this node's endpoints, while pods and the node itself are served like internal
+/// traffic (kube-proxy's short-circuit) so the Service works from everywhere.
+fn external_chain(
+    name: String,
+    label: &str,
+    svc: &Service,
+    config: &NodeConfig,
+    family: Family,
+    chains: &PolicyChains,
+) -> Option<Chain> {
+    let internal = chains.internal(svc);
+    let (local, cluster) = (chains.local.as_deref(), chains.cluster.as_deref());
+    let mark = config.masquerade_mark();
+    let goto = |c: &str| Stmt::Verdict(Verdict::Goto(c.to_string()));
+    let mut rules = Vec::new();
+    if !svc.external_policy_local {
+        let cluster = cluster?;
+        rules.push(Rule::new(vec![Stmt::MarkOr(mark)]));
+        rules.push(Rule::new(vec![goto(cluster)]));
+    } else {
+        if let Some(internal) = internal {
+            if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
+                rules.push(
+                    Rule::new(vec![
+                        Stmt::AddrMatch {
+                            field: Field::Saddr,
+                            net: cidr,
+                            negate: false,
+                        },
+                        goto(internal),
+                    ])
+                    .with_comment("pods reach the Service like internal traffic"),
+                );
+            }
+            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, Stmt::MarkOr(mark)]));
+            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, goto(internal)]));
+        }
+        if let Some(local) = local {
+            rules.push(Rule::new(vec![goto(local)]));
+        }
+    }
+    if rules.is_empty() {
+        return None;
+    }
+    Some(Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(label)),
+        rules,
+    })
+}
+
+/// Only a pod on this node reaches itself through this node's rules (other
+/// nodes' pods go through their own node's), so only endpoints that may be here
+/// need a hairpin element: this node's, and any whose node is unknown.
+fn may_hairpin(e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
+    node.is_none() || e.node_name.is_none() || e.is_on(node)
+}
+
+/// The chains and elements of one Service in one family.
+pub fn service_rules(
+    state: &ClusterState,
+    svc: &Service,
+    family: Family,
+    config: &NodeConfig,
+    hints: &dyn SlotHints,
+) -> ServiceRules {
+    let mut out = ServiceRules::new(if config.mode.is_ipvs() {
+        TableId::main(family)
+    } else {
+        TableId::shard(family, shard_of(&svc.key))
+    });
+    let Some(vip) = svc.cluster_ip_of(family) else {
+        return out;
+    };
+    let node = state.node.as_ref();
+    let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+        ips.iter()
+            .copied()
+            .filter(|ip| Family::of(ip) == family)
+            .collect()
+    };
+    let external_ips = of_family(&svc.external_ips);
+    let lb_ips = of_family(&svc.load_balancer_ips);
+    let ranges: Vec<IpNet> = svc
+        .source_ranges
+        .iter()
+        .copied()
+        .filter(|r| Family::of_net(r) == family)
+        .collect();
+    out.elements.push((
+        SET_CLUSTER_IPS,
+        element(vec![KeyValue::Addr(vip)], None, &svc.key.to_string()),
+    ));
+    let firewall = (!lb_ips.is_empty() && !ranges.is_empty()).then(|| {
+        let name = chain_name(
+            "firewall",
+            &format!("{}/{}", svc.key.namespace, svc.key.name),
+        );
+        out.main_chains
+            .push(firewall_chain(name.clone(), svc, &ranges));
+        name
+    });
+    for port in &svc.ports {
+        let label = svc.port_label(port);
+        let in_family = port_endpoints(state, svc, port, family);
+        let eps = categorize(svc, &in_family, node);
+        let port_id = port_id(svc, port);
+        let affinity = svc.affinity_timeout.map(|timeout| Affinity {
+            port_id: &port_id,
+            timeout,
+        });
+        let ipvs = config.mode.is_ipvs();
+        // Names the chain that picks among `chosen` (IPVS: only names whom
+        // IPVS serves; it has no chain).
+        let mut policy_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
+            if chosen.is_empty() {
+                return None;
+            }
+            let name = chain_name(kind, &port_id);
+            let here = chosen.iter().filter(|e| may_hairpin(e, node));
+            out.hairpin.extend(here.map(|e| e.addr));
+            if ipvs {
+                return Some(name);
+            }
+            let slots = assign_slots(hints.slots(out.table, &name), chosen);
+            if let Some(a) = &affinity {
+                for ep in chosen {
+                    let set = a.set(family, ep);
+                    if !out.sets.iter().any(|s| s.name == set.name) {
+                        out.sets.push(set);
+                    }
+                }
+            }
+            out.chains.push(service_port_chain(
+                name.clone(),
+                &label,
+                port,
+                &slots,
+                affinity.as_ref(),
+            ));
+            Some(name)
+        };
+        let chains = PolicyChains {
+            cluster: policy_chain("svc", &eps.cluster),
+            local: policy_chain("local", &eps.local),
+        };
+        // What happens to traffic no chain DNATs: no endpoints at all is refused
+        // at once; endpoints only elsewhere (a Local policy) is dropped.
+        let unserved = |target: Option<&str>| match (eps.has_any, target) {
+            (false, _) => Some(Verdict::Goto(CHAIN_REJECT.into())),
+            (true, None) => Some(Verdict::Drop),
+            (true, Some(_)) => None,
+        };
+
+        let vip_key = dispatch_key(vip, port);
+        let internal = chains.internal(svc);
+        match internal {
+            Some(_) if ipvs => out
+                .elements
+                .push((SET_SERVICE_PORTS, element(vip_key.clone(), None, &label))),
+            Some(chain) => out.elements.push((
+                MAP_SERVICE_IPS,
+                element(
+                    vip_key.clone(),
+                    Some(Verdict::Goto(chain.to_string())),
+                    &label,
+                ),
+            )),
+            None => out.elements.push((
+                MAP_NO_ENDPOINT_SERVICES,
+                element(vip_key.clone(), unserved(internal), &label),
+            )),
+        }
+
+        let external_keys: Vec<Vec<KeyValue>> = external_ips
+            .iter()
+            .chain(&lb_ips)
+            .map(|ip| dispatch_key(*ip, port))
+            .collect();
+        if config.counters {
+            // Every address and NodePort of the port counts into one counter.
+            let name = port_chain_name("svc", svc, port);
+            let counted = |key: Vec<KeyValue>| Element {
+                key,
+                value: Some(Mapped::Counter(name.clone())),
+                comment: None,
+            };
+            for key in std::iter::once(&vip_key).chain(&external_keys) {
+                out.elements
+                    .push((MAP_SERVICE_COUNTERS, counted(key.clone())));
+            }
+            if let Some(np) = port.node_port {
+                out.elements
+                    .push((MAP_NODEPORT_COUNTERS, counted(nodeport_key(port, np))));
+            }
+            out.counters.push(NamedCounter {
+                name,
+                comment: Some(clamp_comment(&label)),
+            });
+        }
+        if external_keys.is_empty() && port.node_port.is_none() {
+            continue;
+        }
+        if ipvs {
+            ipvs_external_elements(&mut out, svc, port, &label, &external_keys, &chains);
+        }
+        let external_chain = if eps.has_any && !ipvs {
+            external_chain(
+                port_chain_name("external", svc, port),
+                &label,
+                svc,
+                config,
+                family,
+                &chains,
+            )
+        } else {
+            None
+        };
+        let unserved = unserved(chains.external(svc));
+        for key in external_keys {
+            if let Some(chain) = &external_chain {
+                out.elements.push((
+                    MAP_SERVICE_IPS,
+                    element(key.clone(), Some(Verdict::Goto(chain.name.clone())), &label),
+                ));
+            }
+            if let Some(v) = &unserved {
+                out.elements.push((
+                    MAP_NO_ENDPOINT_SERVICES,
+                    element(key, Some(v.clone()), &label),
+                ));
+            }
+        }
+        if let Some(node_port) = port.node_port {
+            if let Some(chain) = &external_chain {
+                out.elements.push((
+                    MAP_SERVICE_NODEPORTS,
+                    element(
+                        nodeport_key(port, node_port),
+                        Some(Verdict::Goto(chain.name.clone())),
+                        &label,
+                    ),
+                ));
+            }
+            if let Some(v) = &unserved {
+                out.elements.push((
+                    MAP_NO_ENDPOINT_NODEPORTS,
+                    element(nodeport_key(port, node_port), Some(v.clone()), &label),
+                ));
+            }
+        }
+        if let Some(fw) = &firewall {
+            for ip in &lb_ips {
+                out.elements.push((
+                    MAP_FIREWALL_IPS,
+                    element(
+                        dispatch_key(*ip, port),
+                        Some(Verdict::Jump(fw.clone())),
+                        &label,
+                    ),
+                ));
+            }
+        }
+        out.chains.extend(external_chain);
+    }
+    out.hairpin.sort();
+    out.hairpin.dedup();
+    out
+}

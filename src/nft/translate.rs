@@ -1,0 +1,573 @@
+//! Translate: from the validated model and this node's settings to the desired
+//! nftables objects. A pure function, no I/O: every Service semantic lives here and
+//! is unit-tested without a kernel.
+//!
+//! The layout follows kube-proxy's nftables mode (its users know the names) with
+//! the kernel's scaling traps avoided (see docs/DESIGN.md): the number of sets, and
+//! of rules bound to any one set, does not grow with the number of Services.
+//! - `service-ips` dispatches `daddr . l4proto . dport` to one chain per Service port.
+//!   The port chains and the dispatch maps are spread over `SERVICE_SHARDS` Service
+//!   tables by a hash of the Service's name (see `ruleset::TableId`); the main table
+//!   keeps everything else.
+//! - Each Service port chain picks an endpoint with a `numgen` cascade: rule k of n
+//!   matches with probability 1/(n-k), so every endpoint gets exactly 1/n.
+//! - Masquerade is a mark (kube-proxy's 0x4000 by default) set in the dispatch
+//!   chain and acted on in postrouting; hairpin traffic is found by one set lookup.
+//! - Filter chains reject Services with no endpoints and wrong ports on live
+//!   ClusterIPs, and drop traffic to unallocated addresses in the service CIDRs.
+
+use crate::core::model::ClusterState;
+use crate::core::node_config::NodeConfig;
+use crate::nft::names::*;
+use crate::nft::service::*;
+use crate::nft::skeleton::*;
+use crate::nft::slots::*;
+use crate::ruleset::{Element, Family, KeyValue, Table, TableId};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// The desired state: per family, the main table and (nftables backend) the
+/// Service tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    /// The main table of a family.
+    pub fn table(&self, family: Family) -> Option<&Table> {
+        self.get(TableId::main(family))
+    }
+
+    pub fn get(&self, id: TableId) -> Option<&Table> {
+        self.tables
+            .iter()
+            .find(|t| t.family == id.family && t.name == id.name())
+    }
+
+    /// The tables of one family, main first.
+    pub fn of_family(&self, family: Family) -> impl Iterator<Item = &Table> {
+        self.tables.iter().filter(move |t| t.family == family)
+    }
+}
+
+/// The node's own elements: the addresses NodePorts are served on.
+pub fn node_elements(
+    state: &ClusterState,
+    config: &NodeConfig,
+    family: Family,
+) -> Vec<(&'static str, Element)> {
+    config
+        .nodeport_ips(state.node.as_ref(), family)
+        .into_iter()
+        .map(|ip| {
+            (
+                SET_NODEPORT_IPS,
+                Element {
+                    key: vec![KeyValue::Addr(ip)],
+                    value: None,
+                    comment: None,
+                },
+            )
+        })
+        .collect()
+}
+
+pub fn hairpin_element(addr: IpAddr) -> Element {
+    Element {
+        key: vec![KeyValue::Addr(addr), KeyValue::Addr(addr)],
+        value: None,
+        comment: None,
+    }
+}
+
+/// The tables of one family.
+fn tables_for(
+    state: &ClusterState,
+    config: &NodeConfig,
+    family: Family,
+    hints: &dyn SlotHints,
+) -> Vec<Table> {
+    let ids = table_ids(family, config);
+    let mut tables: Vec<Table> = ids.iter().map(|id| skeleton_of(*id, config)).collect();
+    let index = |id: TableId| {
+        ids.iter()
+            .position(|t| *t == id)
+            .expect("one of our tables")
+    };
+    let mut elements: BTreeMap<(usize, &str), Vec<Element>> = BTreeMap::new();
+    let mut hairpin = BTreeSet::new();
+    for (set, e) in node_elements(state, config, family) {
+        // Every table that dispatches NodePorts has its own copy of the addresses.
+        for i in 0..ids.len() {
+            elements.entry((i, set)).or_default().push(e.clone());
+        }
+    }
+    for svc in state.services.values() {
+        let mut rules = service_rules(state, svc, family, config, hints);
+        let (main, own) = (index(TableId::main(family)), index(rules.table));
+        for (set, e) in std::mem::take(&mut rules.elements) {
+            elements
+                .entry((index(rules.home(set)), set))
+                .or_default()
+                .push(e);
+        }
+        hairpin.extend(rules.hairpin);
+        tables[own].chains.extend(rules.chains);
+        tables[own].sets.extend(rules.sets);
+        tables[main].chains.extend(rules.main_chains);
+        tables[main].counters.extend(rules.counters);
+    }
+    elements.insert(
+        (index(TableId::main(family)), SET_HAIRPIN),
+        hairpin.into_iter().map(hairpin_element).collect(),
+    );
+    for ((i, name), mut els) in elements {
+        els.sort_by(|a, b| a.key.cmp(&b.key));
+        els.dedup_by(|a, b| a.key == b.key);
+        if let Some(s) = tables[i].sets.iter_mut().find(|s| s.name == name) {
+            s.elements = els;
+        }
+    }
+    tables
+}
+
+/// The whole desired ruleset: the tables for IPv4, then those for IPv6.
+pub fn translate(state: &ClusterState, config: &NodeConfig) -> Ruleset {
+    translate_with_hints(state, config, &NoHints)
+}
+
+/// The same, keeping endpoints in the cascade slots the kernel has them in.
+pub fn translate_with_hints(
+    state: &ClusterState,
+    config: &NodeConfig,
+    hints: &dyn SlotHints,
+) -> Ruleset {
+    Ruleset {
+        tables: Family::ALL
+            .iter()
+            .flat_map(|f| tables_for(state, config, *f, hints))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{
+        Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, PortEndpoint, Service,
+        ServiceKey, ServicePort, TargetPort,
+    };
+
+    use crate::nft::slots::assign_slots;
+    use crate::ruleset::{Chain, Mapped, Protocol, Stmt, Verdict, SERVICE_SHARDS};
+    use std::net::IpAddr;
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey {
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state_with(name: &str, vips: &[&str], eps: &[(&str, Conditions)]) -> ClusterState {
+        let mut state = ClusterState::default();
+        let svc = Service {
+            key: key(name),
+            cluster_ips: vips.iter().map(|v| ip(v)).collect(),
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                target_port: TargetPort::Number(9376),
+                node_port: None,
+            }],
+            ..Service::default()
+        };
+        state.services.insert(svc.key.clone(), svc);
+        for family in Family::ALL {
+            let endpoints: Vec<Endpoint> = eps
+                .iter()
+                .filter(|(a, _)| Family::of(&ip(a)) == family)
+                .map(|(a, c)| Endpoint {
+                    addr: ip(a),
+                    conditions: *c,
+                    node_name: None,
+                    zone: None,
+                    hints: Default::default(),
+                })
+                .collect();
+            state
+                .slices
+                .entry(key(name))
+                .or_default()
+                .insert(EndpointSlice {
+                    name: format!("{name}-{}", family.keyword()),
+                    service: key(name),
+                    family,
+                    ports: vec![EndpointPort {
+                        name: "http".into(),
+                        protocol: Protocol::Tcp,
+                        port: 9376,
+                    }],
+                    endpoints,
+                });
+        }
+        state
+    }
+
+    const READY: Conditions = Conditions {
+        ready: true,
+        serving: true,
+        terminating: false,
+    };
+    const TERMINATING: Conditions = Conditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+
+    /// The one Service port chain of a family in a ruleset built from one
+    /// single-port Service (in whichever Service table holds it).
+    fn service_chain(rs: &Ruleset, family: Family) -> &Chain {
+        rs.of_family(family)
+            .flat_map(|t| &t.chains)
+            .find(|c| c.name.starts_with("svc-"))
+            .expect("a Service port chain")
+    }
+
+    fn dnat_targets(chain: &Chain) -> Vec<String> {
+        chain
+            .rules
+            .iter()
+            .filter_map(|r| {
+                r.stmts.iter().find_map(|s| match s {
+                    Stmt::Dnat { addr, port } => Some(format!("{addr}:{port}")),
+                    _ => None,
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn numgen_cascade_gives_every_endpoint_an_equal_share() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[
+                ("10.244.0.1", READY),
+                ("10.244.0.2", READY),
+                ("10.244.0.3", READY),
+            ],
+        );
+        let rs = translate(&state, &NodeConfig::default());
+        let chain = service_chain(&rs, Family::Ip);
+        let moduli: Vec<Option<u32>> = chain
+            .rules
+            .iter()
+            .map(|r| {
+                r.stmts.iter().find_map(|s| match s {
+                    Stmt::NumgenEq { modulus, .. } => Some(*modulus),
+                    _ => None,
+                })
+            })
+            .collect();
+        assert_eq!(moduli, vec![Some(3), Some(2), None]);
+        // P(k) = prod_{j<k}(1 - 1/(n-j)) * 1/(n-k) = 1/n for every k.
+        let n = 3.0;
+        let mut reach = 1.0;
+        for m in moduli {
+            let p = m.map(|m| 1.0 / m as f64).unwrap_or(1.0);
+            assert!((reach * p - 1.0 / n).abs() < 1e-12);
+            reach *= 1.0 - p;
+        }
+        assert_eq!(
+            dnat_targets(chain),
+            vec!["10.244.0.1:9376", "10.244.0.2:9376", "10.244.0.3:9376"]
+        );
+        assert_eq!(chain.comment.as_deref(), Some("default/web:http"));
+        assert!(chain.name.ends_with("-default/web/tcp/http"));
+    }
+
+    #[test]
+    fn service_without_endpoints_goes_to_the_reject_map_and_has_no_chain() {
+        let state = state_with("empty", &["10.0.0.11"], &[]);
+        let rs = translate(&state, &NodeConfig::default());
+        let t = rs.table(Family::Ip).unwrap();
+        assert!(rs
+            .of_family(Family::Ip)
+            .filter_map(|t| t.set(MAP_SERVICE_IPS))
+            .all(|m| m.elements.is_empty()));
+        let ne = &t.set(MAP_NO_ENDPOINT_SERVICES).unwrap().elements;
+        assert_eq!(ne.len(), 1);
+        assert_eq!(
+            ne[0].value,
+            Some(Mapped::Verdict(Verdict::Goto(CHAIN_REJECT.into())))
+        );
+        assert!(!rs
+            .tables
+            .iter()
+            .flat_map(|t| &t.chains)
+            .any(|c| c.name.starts_with("svc-")));
+        assert_eq!(t.set(SET_CLUSTER_IPS).unwrap().elements.len(), 1);
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[("10.244.0.1", READY), ("10.244.0.2", TERMINATING)],
+        );
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(
+            dnat_targets(service_chain(&rs, Family::Ip)),
+            vec!["10.244.0.1:9376"]
+        );
+
+        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.2", TERMINATING)]);
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(
+            dnat_targets(service_chain(&rs, Family::Ip)),
+            vec!["10.244.0.2:9376"]
+        );
+    }
+
+    #[test]
+    fn dual_stack_service_gets_a_chain_in_each_family_with_its_own_endpoints() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10", "fd00:10:96::10"],
+            &[("10.244.0.1", READY), ("fd00:10:244::1", READY)],
+        );
+        let rs = translate(&state, &NodeConfig::default());
+        for (family, ep) in [
+            (Family::Ip, "10.244.0.1:9376"),
+            (Family::Ip6, "fd00:10:244::1:9376"),
+        ] {
+            assert_eq!(dnat_targets(service_chain(&rs, family)), vec![ep]);
+        }
+    }
+
+    #[test]
+    fn a_services_chains_and_dispatch_elements_share_its_service_table() {
+        let mut state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+        let other = state_with("api", &["10.0.0.11"], &[("10.244.0.2", READY)]);
+        state.services.extend(other.services);
+        state.slices.extend(other.slices);
+        assert_ne!(shard_of(&key("web")), shard_of(&key("api")));
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(rs.tables.len(), 2 * (1 + SERVICE_SHARDS as usize));
+        for name in ["web", "api"] {
+            let home = rs
+                .get(TableId::shard(Family::Ip, shard_of(&key(name))))
+                .unwrap();
+            let chain = home
+                .chains
+                .iter()
+                .find(|c| c.name.contains(&format!("default/{name}/")))
+                .expect("its chain in its Service table");
+            let dispatch = &home.set(MAP_SERVICE_IPS).unwrap().elements;
+            assert_eq!(dispatch.len(), 1);
+            assert_eq!(
+                dispatch[0].value,
+                Some(Mapped::Verdict(Verdict::Goto(chain.name.clone())))
+            );
+        }
+        // No Service chain anywhere else, and the main table has no dispatch map.
+        let chains = rs.tables.iter().flat_map(|t| &t.chains);
+        assert_eq!(chains.filter(|c| c.name.starts_with("svc-")).count(), 2);
+        assert!(rs.table(Family::Ip).unwrap().set(MAP_SERVICE_IPS).is_none());
+    }
+
+    #[test]
+    fn only_endpoints_that_may_be_on_this_node_get_a_hairpin_element() {
+        let mut state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[
+                ("10.244.0.1", READY),
+                ("10.244.0.2", READY),
+                ("10.244.0.3", READY),
+            ],
+        );
+        let hairpin = |state: &ClusterState| {
+            let rs = translate(state, &NodeConfig::default());
+            let set = rs.table(Family::Ip).unwrap().set(SET_HAIRPIN).unwrap();
+            set.elements
+                .iter()
+                .map(|e| e.key[0].to_string())
+                .collect::<Vec<_>>()
+        };
+        let nodes = [Some("node-a"), Some("node-b"), None];
+        for slice in state.slices.values_mut().flat_map(|s| s.values_mut()) {
+            for (e, node) in slice.endpoints.iter_mut().zip(nodes) {
+                e.node_name = node.map(String::from);
+            }
+        }
+        // This node unknown: any endpoint may be here.
+        assert_eq!(hairpin(&state).len(), 3);
+        state.node = Some(NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        });
+        assert_eq!(hairpin(&state), vec!["10.244.0.1", "10.244.0.3"]);
+    }
+
+    #[test]
+    fn masquerade_rule_and_unallocated_drop_follow_the_cidrs() {
+        let config = NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.0.0.0/16".parse().unwrap()],
+            masquerade_bit: 14,
+            ..NodeConfig::default()
+        };
+        let v4 = skeleton(Family::Ip, &config);
+        let services = v4.chain(CHAIN_SERVICES).unwrap();
+        assert_eq!(services.rules.len(), 1);
+        assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
+        assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 3);
+        // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
+        let v6 = skeleton(Family::Ip6, &config);
+        assert!(v6.chain(CHAIN_SERVICES).unwrap().rules.is_empty());
+        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
+    }
+
+    #[test]
+    fn hairpin_set_holds_each_endpoint_once() {
+        let state = state_with(
+            "web",
+            &["10.0.0.10"],
+            &[("10.244.0.1", READY), ("10.244.0.2", READY)],
+        );
+        let t = translate(&state, &NodeConfig::default()).tables.remove(0);
+        let hp = &t.set(SET_HAIRPIN).unwrap().elements;
+        assert_eq!(hp.len(), 2);
+        assert_eq!(
+            hp[0].key,
+            vec![
+                KeyValue::Addr(ip("10.244.0.1")),
+                KeyValue::Addr(ip("10.244.0.1"))
+            ]
+        );
+    }
+
+    #[test]
+    fn two_cidrs_of_one_family_are_a_clear_error() {
+        let config = NodeConfig {
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "10.245.0.0/16".parse().unwrap(),
+            ],
+            ..NodeConfig::default()
+        };
+        let err = config.validate().unwrap_err();
+        assert!(err.0.starts_with("--cluster-cidr: 2 ip CIDRs"), "{err}");
+    }
+
+    fn ep(last: u8) -> PortEndpoint {
+        PortEndpoint {
+            addr: IpAddr::from([10, 244, 0, last]),
+            port: 80,
+            conditions: READY,
+            node_name: None,
+            zone: None,
+            hints: Default::default(),
+        }
+    }
+
+    fn keys(slots: &[&PortEndpoint]) -> Vec<u8> {
+        slots
+            .iter()
+            .map(|e| match e.addr {
+                IpAddr::V4(a) => a.octets()[3],
+                IpAddr::V6(_) => 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slots_from_scratch_list_endpoints_in_ascending_order() {
+        let eps = [ep(1), ep(2), ep(3)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        // Slot 0 is the last rule, so the highest slot holds the lowest address.
+        assert_eq!(keys(&assign_slots(None, &refs)), vec![3, 2, 1]);
+    }
+
+    #[test]
+    fn a_leaving_endpoint_is_replaced_by_the_last_slot_and_others_stay() {
+        let eps = [ep(1), ep(2), ep(4), ep(5)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        let previous: Vec<SlotKey> = [5, 4, 3, 2, 1]
+            .iter()
+            .map(|l| (IpAddr::from([10, 244, 0, *l]), 80))
+            .collect();
+        // 3 (slot 2) leaves: 1 (slot 4, the last) moves into slot 2.
+        assert_eq!(
+            keys(&assign_slots(Some(previous.clone()), &refs)),
+            vec![5, 4, 1, 2]
+        );
+        // A newcomer takes a new slot at the end; nobody moves.
+        let eps = [ep(1), ep(2), ep(3), ep(4), ep(5), ep(6)];
+        let refs: Vec<&PortEndpoint> = eps.iter().collect();
+        assert_eq!(
+            keys(&assign_slots(Some(previous), &refs)),
+            vec![5, 4, 3, 2, 1, 6]
+        );
+    }
+
+    #[test]
+    fn chain_names_are_stable_and_bounded() {
+        let mut svc = Service {
+            key: key("web"),
+            ..Service::default()
+        };
+        let port = ServicePort {
+            name: String::new(),
+            protocol: Protocol::Udp,
+            port: 53,
+            target_port: TargetPort::Number(53),
+            node_port: None,
+        };
+        let a = service_chain_name(&svc, &port);
+        assert_eq!(a, service_chain_name(&svc, &port));
+        assert!(a.ends_with("-default/web/udp/53"), "{a}");
+        svc.key.name = "x".repeat(300);
+        assert!(service_chain_name(&svc, &port).len() <= 255);
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+    use crate::core::node_config::DEFAULT_MASQUERADE_BIT;
+
+    /// `nft-templates/skeleton.nft` is the readable form of `skeleton()` and
+    /// `service_table_skeleton()`; this keeps
+    /// the two from drifting apart.
+    #[test]
+    fn skeleton_matches_its_template() {
+        let template = include_str!("../../nft-templates/skeleton.nft");
+        let config = NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            masquerade_bit: DEFAULT_MASQUERADE_BIT,
+            ..NodeConfig::default()
+        };
+        let body: String = template
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let tables = [
+            skeleton(Family::Ip, &config),
+            service_table_skeleton(TableId::shard(Family::Ip, 0)),
+        ];
+        let text: String = tables.iter().map(crate::text::table).collect();
+        assert_eq!(text, body.trim_start());
+    }
+}
