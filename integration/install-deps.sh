@@ -10,7 +10,8 @@ command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft
 command -v cc >/dev/null || missing+=(gcc)  # ring (rustls, the API client's TLS) compiles C
 # The IPVS tests' guest (integration/vm): qemu, busybox, ipvsadm, and cpio for its initramfs.
 command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
-[ -x /bin/busybox ] && /bin/busybox --list | grep -qx depmod || missing+=(busybox-static)
+# grep reads the whole list: with -q it would stop early, and busybox would die of SIGPIPE under pipefail.
+[ -x /bin/busybox ] && /bin/busybox --list | grep -x depmod >/dev/null || missing+=(busybox-static)
 command -v ipvsadm >/dev/null || missing+=(ipvsadm)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v python3 >/dev/null || missing+=(python3)

@@ -9,8 +9,8 @@ use common::*;
 use kube_nft::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
 use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
+use kube_nft::nft::kernel;
 use kube_nft::nft::translate::Ruleset;
-use kube_nft::proxy;
 use kube_nft::source::files::parse;
 use kube_nft::text;
 use std::io::Write;
@@ -182,7 +182,8 @@ spec:
 fn ruleset(config: &NodeConfig) -> Ruleset {
     let loaded = parse(&manifests(), "parity.yaml").unwrap();
     assert!(loaded.rejected.is_empty(), "{:?}", loaded.rejected);
-    let (rs, validated) = proxy::desired(&loaded.objects, Some("node-a"), config);
+    let (rs, validated) =
+        kube_nft::nft::translate::desired(&loaded.objects, Some("node-a"), config);
     assert!(validated.rejected.is_empty(), "{:?}", validated.rejected);
     rs
 }
@@ -240,7 +241,7 @@ fn check_parity(tag: &str, config: NodeConfig) {
     let to_apply = rs.clone();
     in_netns(&by_netlink.name, move || {
         let mut sock = NftSocket::open().unwrap();
-        proxy::apply(&mut sock, &to_apply).unwrap();
+        kernel::apply(&mut sock, &to_apply).unwrap();
     })
     .unwrap();
 
@@ -262,7 +263,7 @@ fn check_parity(tag: &str, config: NodeConfig) {
     let expected = rs.clone();
     let same = in_netns(&by_text.name, move || {
         let mut sock = NftSocket::open().unwrap();
-        proxy::kernel_matches(&mut sock, &expected).unwrap()
+        kernel::kernel_matches(&mut sock, &expected).unwrap()
     })
     .unwrap();
     assert!(

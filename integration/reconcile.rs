@@ -9,10 +9,13 @@ use common::*;
 use kube_nft::bench::{bench_service, bench_slice, service_key};
 use kube_nft::core::model::{ClusterState, ServiceKey};
 use kube_nft::core::node_config::NodeConfig;
+use kube_nft::dataplane::SyncKind;
+use kube_nft::engine::Proxy;
+use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
+use kube_nft::nft::kernel;
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use kube_nft::nft::translate::{translate, Ruleset};
-use kube_nft::proxy::{Proxier, SyncKind};
 use kube_nft::ruleset::{Family, Field, Rule, Stmt, TableId};
 use std::net::IpAddr;
 
@@ -38,7 +41,7 @@ fn ep_addr(i: usize, j: usize) -> IpAddr {
 
 /// Adds Service `i` (the benchmark's synthetic Service: TCP 80 → 8080) with `n`
 /// ready endpoints.
-fn add_service(p: &mut Proxier, i: usize, n: usize) {
+fn add_service(p: &mut Proxy, i: usize, n: usize) {
     p.update(&key(i), |state| {
         state.services.insert(key(i), bench_service(i));
         set_endpoints(state, i, &(0..n).map(|j| ep_addr(i, j)).collect::<Vec<_>>());
@@ -53,10 +56,10 @@ fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
         .insert(bench_slice(i, addrs));
 }
 
-/// Runs `f` with a Proxier inside a fresh namespace.
+/// Runs `f` with a proxy inside a fresh namespace.
 fn with_proxier<T: Send + 'static>(
     tag: &str,
-    f: impl FnOnce(&mut Proxier) -> T + Send + 'static,
+    f: impl FnOnce(&mut Proxy) -> T + Send + 'static,
 ) -> T {
     with_proxier_config(tag, config(), f)
 }
@@ -64,19 +67,24 @@ fn with_proxier<T: Send + 'static>(
 fn with_proxier_config<T: Send + 'static>(
     tag: &str,
     config: NodeConfig,
-    f: impl FnOnce(&mut Proxier) -> T + Send + 'static,
+    f: impl FnOnce(&mut Proxy) -> T + Send + 'static,
 ) -> T {
     require_root();
     let ns = Netns::create(&unique(tag)).unwrap();
     in_netns(&ns.name, move || {
-        let mut p = Proxier::new(config).unwrap();
+        let mut p = Proxy::new(config).unwrap();
         f(&mut p)
     })
     .unwrap()
 }
 
+/// Our own nf_tables socket in the current namespace, for reading back.
+fn socket() -> NftSocket {
+    NftSocket::open().unwrap()
+}
+
 /// A named change to the model.
-type Step = (&'static str, Box<dyn Fn(&mut Proxier)>);
+type Step = (&'static str, Box<dyn Fn(&mut Proxy)>);
 
 #[test]
 fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset() {
@@ -226,7 +234,7 @@ fn restart_over_a_correct_ruleset_writes_nothing() {
         p.sync().unwrap();
         let state = p.state().clone();
         // A new process: same model, nothing applied yet.
-        let mut again = Proxier::new(config()).unwrap();
+        let mut again = Proxy::new(config()).unwrap();
         again.replace_state(state);
         let r = again.sync().unwrap();
         assert_eq!(r.kind, SyncKind::Full);
@@ -317,21 +325,21 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
             s.slices.remove(&key(3));
         });
         add_service(p, 77, 2);
-        let read_all = |p: &mut Proxier| {
+        let read_all = || {
             [TableId::main(Family::Ip), table]
-                .map(|t| p.socket().read_table(t.family, t.name()).unwrap().unwrap())
+                .map(|t| socket().read_table(t.family, t.name()).unwrap().unwrap())
         };
-        let before = read_all(p);
+        let before = read_all();
         let err = p.sync().unwrap_err();
         assert!(
             err.to_string()
                 .contains(&format!("delete 1 element(s) of {table} service-ips")),
             "{err}"
         );
-        let after = read_all(p);
+        let after = read_all();
         for (b, a) in before.iter().zip(&after) {
             assert!(
-                kube_nft::proxy::same_table(b, a),
+                kernel::same_table(b, a),
                 "the refused transaction changed {}",
                 b.name
             );
@@ -380,9 +388,8 @@ fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
         let old = Ruleset {
             tables: vec![main, rs.table(Family::Ip6).unwrap().clone()],
         };
-        kube_nft::proxy::apply(p.socket(), &old).unwrap();
-        let main_before = p
-            .socket()
+        kernel::apply(&mut socket(), &old).unwrap();
+        let main_before = socket()
             .read_table(Family::Ip, "kube-nft")
             .unwrap()
             .unwrap();
@@ -391,8 +398,7 @@ fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
         let r = p.sync().unwrap();
         assert_eq!(r.kind, SyncKind::Full);
         assert!(p.verify().unwrap(), "the kernel holds the desired ruleset");
-        let main_after = p
-            .socket()
+        let main_after = socket()
             .read_table(Family::Ip, "kube-nft")
             .unwrap()
             .unwrap();

@@ -7,15 +7,15 @@ use common::*;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::netlink::{NftError, NftSocket};
 use kube_nft::netns::in_netns;
+use kube_nft::nft::kernel;
 use kube_nft::nft::names::CHAIN_SERVICES;
 use kube_nft::nft::translate::Ruleset;
-use kube_nft::proxy;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::parse;
 
 fn desired(manifests: &str) -> Ruleset {
     let loaded = parse(manifests, "test.yaml").unwrap();
-    proxy::desired(&loaded.objects, None, &NodeConfig::default()).0
+    kube_nft::nft::translate::desired(&loaded.objects, None, &NodeConfig::default()).0
 }
 
 #[test]
@@ -45,9 +45,9 @@ fn refused_transaction_names_the_object_and_leaves_the_old_rules_serving() {
     let (g, b) = (good.clone(), bad.clone());
     let (err, still_good) = in_netns(c.node(), move || {
         let mut sock = NftSocket::open().unwrap();
-        proxy::apply(&mut sock, &g).unwrap();
-        let err = proxy::apply(&mut sock, &b).unwrap_err();
-        (err, proxy::kernel_matches(&mut sock, &g).unwrap())
+        kernel::apply(&mut sock, &g).unwrap();
+        let err = kernel::apply(&mut sock, &b).unwrap_err();
+        (err, kernel::kernel_matches(&mut sock, &g).unwrap())
     })
     .unwrap();
     match &err {
@@ -95,14 +95,14 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
             &["fd00:10:244::11"],
         )),
     );
-    let expected: Vec<_> = proxy::lowered(&rs);
+    let expected: Vec<_> = kernel::lowered(&rs);
     let names: Vec<_> = expected
         .iter()
         .map(|t| (t.family, t.name.clone()))
         .collect();
     let tables = in_netns(c.node(), move || {
         let mut sock = NftSocket::open().unwrap();
-        proxy::apply(&mut sock, &rs).unwrap();
+        kernel::apply(&mut sock, &rs).unwrap();
         names
             .iter()
             .map(|(f, n)| sock.read_table(*f, n).unwrap().unwrap())
@@ -118,7 +118,7 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
             "rules come back with handles"
         );
         assert!(
-            proxy::same_table(want, got),
+            kernel::same_table(want, got),
             "readback differs:\nwant {want:#?}\ngot {got:#?}"
         );
     }

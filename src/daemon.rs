@@ -9,17 +9,20 @@
 //! SIGTERM and SIGINT stop the daemon and leave the rules serving.
 
 use crate::config::{DetectLocal, Settings, Source};
+use crate::core::convert::log_rejected;
+use crate::core::model::ClusterState;
 use crate::core::node_config::{NodeConfig, NodePortAddresses};
+use crate::dataplane::SyncKind;
+use crate::engine::{Engine, SyncReport};
 use crate::healthcheck::{self, HealthServers};
 use crate::http::Response;
 use crate::metrics::Metrics;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
-use crate::proxy::{log_rejected, validate, Proxier, SyncKind, SyncReport};
 use crate::proxy_health::ProxyHealth;
 use crate::ruleset::{Family, TableId};
 use crate::source::files::{self, ManifestStore};
-use crate::source::tracker::ChangeTracker;
+use crate::source::store::ClusterStore;
 use crate::source::{kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
 use ipnet::IpNet;
@@ -89,10 +92,12 @@ struct NodeSettings {
 }
 
 impl NodeSettings {
-    fn apply(&self, proxier: &mut Proxier, api_service_cidrs: &[IpNet], read_addresses: bool) {
+    /// Recomputes the engine's config from the settings and what the store knows
+    /// of this node and the cluster's ServiceCIDRs.
+    fn apply(&self, engine: &mut Engine, store: &ClusterStore, read_addresses: bool) {
         let mut config = self.base.clone();
         if self.detect_local == DetectLocal::NodeCidr {
-            config.cluster_cidrs = proxier
+            config.cluster_cidrs = store
                 .state()
                 .node
                 .as_ref()
@@ -100,13 +105,13 @@ impl NodeSettings {
                 .unwrap_or_default();
         }
         if self.service_cidrs_from_api {
-            config.service_cidrs = one_per_family(api_service_cidrs);
+            config.service_cidrs = one_per_family(&store.service_cidrs());
         }
-        config.local_addresses = proxier.config().local_addresses.clone();
+        config.local_addresses = engine.config().local_addresses.clone();
         if read_addresses {
             config = with_local_addresses(config);
         }
-        proxier.set_config(config);
+        engine.set_config(config);
     }
 }
 
@@ -208,15 +213,16 @@ fn watch_drift(tx: mpsc::Sender<Event>) {
     }
 }
 
-/// Re-reads the manifests into the model. A file that fails keeps its last good
-/// objects; each new failure is logged once, with the file and line, and counted.
+/// Re-reads the manifests into the store, as complete lists of each kind. A file
+/// that fails keeps its last good objects; each new failure is logged once, with
+/// the file and line, and counted.
 fn load_manifests(
-    store: &mut ManifestStore,
-    node_name: &str,
-    proxier: &mut Proxier,
+    manifests: &mut ManifestStore,
+    store: &mut ClusterStore,
+    engine: &mut Engine,
     metrics: &Metrics,
 ) {
-    let reloaded = store.reload();
+    let reloaded = manifests.reload();
     for (e, kept) in &reloaded.new_errors {
         if *kept {
             tracing::error!("manifest {e}; keeping the objects it had when it last read well");
@@ -227,15 +233,28 @@ fn load_manifests(
     for f in &reloaded.recovered {
         tracing::info!("manifest {} reads well again", f.display());
     }
-    metrics.manifests_read(reloaded.new_errors.len(), store.errors().count());
-    if !store.ready() {
+    metrics.manifests_read(reloaded.new_errors.len(), manifests.errors().count());
+    if !manifests.ready() {
         return;
     }
     log_rejected(&reloaded.loaded.rejected);
     metrics.rejected(&reloaded.loaded.rejected);
-    let validated = validate(&reloaded.loaded.objects, Some(node_name));
-    metrics.rejected(&validated.rejected);
-    proxier.replace_state(validated.state);
+    for update in files::updates(reloaded.loaded.objects) {
+        absorb(update, store, engine, metrics);
+    }
+}
+
+/// Applies one update to the store and hands the engine what changed.
+fn absorb(update: Update, store: &mut ClusterStore, engine: &mut Engine, metrics: &Metrics) {
+    let outcome = store.apply(update);
+    log_rejected(&outcome.rejected);
+    metrics.rejected(&outcome.rejected);
+    metrics.changes_seen(outcome.service_changes, outcome.endpoint_changes);
+    let changes = store.take_changes();
+    engine.mark(changes.services);
+    if changes.node {
+        engine.request_full_sync();
+    }
 }
 
 /// Settles `oomScoreAdj` for this process, as kube-proxy does (it should be the
@@ -251,45 +270,45 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     if let Some(adj) = settings.oom_score_adj {
         set_oom_score_adj(adj);
     }
-    let mut proxier = Proxier::new(settings.node.clone()).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(settings.node.clone()).map_err(|e| e.to_string())?;
+    let mut store = ClusterStore::new(&settings.node_name);
     let node_settings = NodeSettings {
         base: settings.node.clone(),
         detect_local: settings.detect_local,
         service_cidrs_from_api: settings.service_cidrs_from_api,
     };
-    node_settings.apply(&mut proxier, &[], true);
+    node_settings.apply(&mut engine, &store, true);
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
     health.queued();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let mut tracker = None;
     let mut manifests = None;
     match &settings.source {
         Source::Manifests(paths) => {
-            let mut store = ManifestStore::new(paths);
-            load_manifests(&mut store, &settings.node_name, &mut proxier, &metrics);
-            if once && !store.ready() {
-                let errors: Vec<String> = store.errors().map(|e| e.to_string()).collect();
+            let mut m = ManifestStore::new(paths);
+            load_manifests(&mut m, &mut store, &mut engine, &metrics);
+            if once && !m.ready() {
+                let errors: Vec<String> = m.errors().map(|e| e.to_string()).collect();
                 return Err(format!(
                     "nothing programmed: manifest {}",
                     errors.join("; manifest ")
                 ));
             }
-            if !store.ready() {
+            if !m.ready() {
                 tracing::error!("nothing is programmed until every manifest file reads well");
             }
-            manifests = Some(store);
+            manifests = Some(m);
             if !once {
                 watch_manifests(paths.clone(), tx.clone());
             }
         }
         Source::Api(conn) => {
             kubernetes::spawn(&conn.connection(), &settings.node_name, tx.clone())?;
-            tracker = Some(ChangeTracker::new(&settings.node_name));
             tracing::info!("watching the API server as node {:?}", settings.node_name);
         }
     }
+    node_settings.apply(&mut engine, &store, false);
     watch_signals(tx.clone())?;
     if !once {
         watch_drift(tx.clone());
@@ -304,28 +323,20 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     loop {
-        let ready = tracker.as_ref().is_none_or(ChangeTracker::synced)
-            && manifests.as_ref().is_none_or(ManifestStore::ready);
+        let ready = store.synced() && manifests.as_ref().is_none_or(ManifestStore::ready);
         let now = Instant::now();
         if now.duration_since(last_full) >= settings.sync_period {
-            node_settings.apply(
-                &mut proxier,
-                &tracker
-                    .as_ref()
-                    .map(|t| t.service_cidrs())
-                    .unwrap_or_default(),
-                true,
-            );
-            proxier.request_full_sync();
+            node_settings.apply(&mut engine, &store, true);
+            engine.request_full_sync();
         }
         let earliest = last_sync
             .map_or(now, |t| t + settings.min_sync_period)
             .max(retry_at.unwrap_or(now));
-        if ready && proxier.pending() && now >= earliest {
+        if ready && engine.pending() && now >= earliest {
             last_sync = Some(now);
-            let result = proxier.sync();
+            let result = engine.sync(store.state());
             if let Some(s) = &service_health {
-                s.update(healthcheck::wanted(proxier.state()), result.is_ok());
+                s.update(healthcheck::wanted(store.state()), result.is_ok());
             }
             match result {
                 Ok(r) => {
@@ -335,11 +346,9 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
                     }
                     log_sync(&r);
                     health.updated();
-                    metrics.sync_succeeded(&r, proxier.state(), done);
-                    if let Some(t) = tracker.as_mut() {
-                        metrics.programmed(&programmed_triggers(t, &r), done);
-                    }
-                    clean_flows(&mut flows, &proxier, &r);
+                    metrics.sync_succeeded(&r, store.state(), done);
+                    metrics.programmed(&programmed_triggers(&mut store, &r), done);
+                    clean_flows(&mut flows, store.state(), &engine, &r);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -362,7 +371,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
             continue;
         }
         let next_full = last_full + settings.sync_period;
-        let wake = if ready && proxier.pending() {
+        let wake = if ready && engine.pending() {
             earliest.min(next_full)
         } else {
             next_full
@@ -374,46 +383,48 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
         };
         match event {
             Event::ManifestsChanged => {
-                if let Some(store) = manifests.as_mut() {
-                    load_manifests(store, &settings.node_name, &mut proxier, &metrics);
+                if let Some(m) = manifests.as_mut() {
+                    load_manifests(m, &mut store, &mut engine, &metrics);
+                    node_settings.apply(&mut engine, &store, false);
                 }
             }
             Event::Api(update) => {
-                let Some(t) = tracker.as_mut() else { continue };
-                let is_node = matches!(update, Update::Node(_));
-                let applied = t.apply(update, &mut proxier);
-                log_rejected(&applied.rejected);
-                metrics.rejected(&applied.rejected);
-                metrics.changes_seen(applied.service_changes, applied.endpoint_changes);
-                if is_node || applied.service_cidrs_changed {
-                    node_settings.apply(&mut proxier, &t.service_cidrs(), false);
+                let reconfigures = matches!(update, Update::Node(_) | Update::ServiceCidr(_));
+                absorb(update, &mut store, &mut engine, &metrics);
+                if reconfigures {
+                    node_settings.apply(&mut engine, &store, false);
                 }
             }
             Event::Drift(change) => {
                 tracing::warn!("our table was changed outside kube-nft ({change:?}); repairing");
-                proxier.request_full_sync();
+                engine.request_full_sync();
             }
             Event::Terminate(signal) => {
                 tracing::info!("{signal}: stopping; the rules stay in place and keep serving");
                 return Ok(());
             }
         }
-        if proxier.pending() {
+        if engine.pending() {
             health.queued();
         }
     }
 }
 
 /// The trigger times of the changes a sync programmed.
-fn programmed_triggers(tracker: &mut ChangeTracker, r: &SyncReport) -> Vec<SystemTime> {
+fn programmed_triggers(store: &mut ClusterStore, r: &SyncReport) -> Vec<SystemTime> {
     match r.kind {
-        SyncKind::Full => tracker.take_all_triggers(),
-        SyncKind::Partial => tracker.take_triggers(&r.recomputed),
+        SyncKind::Full => store.take_all_triggers(),
+        SyncKind::Partial => store.take_triggers(&r.recomputed),
     }
 }
 
-fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier, sync: &SyncReport) {
-    match cleaner.after_sync(proxier.state(), proxier.config(), sync) {
+fn clean_flows(
+    cleaner: &mut StaleFlowCleaner,
+    state: &ClusterState,
+    engine: &Engine,
+    sync: &SyncReport,
+) {
+    match cleaner.after_sync(state, engine.config(), sync) {
         Ok(0) => {}
         Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
         Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),
@@ -422,23 +433,21 @@ fn clean_flows(cleaner: &mut StaleFlowCleaner, proxier: &Proxier, sync: &SyncRep
 
 fn log_sync(r: &SyncReport) {
     let ms = r.duration.as_secs_f64() * 1000.0;
-    match &r.ipvs {
-        None => tracing::info!(
-            kind = ?r.kind,
-            services = r.services,
-            messages = r.committed.messages,
-            bytes = r.committed.bytes,
-            "synced in {ms:.1} ms"
-        ),
-        Some(ipvs) => tracing::info!(
-            kind = ?r.kind,
-            services = r.services,
-            messages = r.committed.messages,
-            bytes = r.committed.bytes,
-            ipvs_commands = ipvs.commands,
-            ipvs_bytes = ipvs.bytes,
-            ipvs_addresses = ipvs.addresses,
-            "synced in {ms:.1} ms"
-        ),
-    }
+    // Each dataplane's own counts, as `ipvs_commands=2`.
+    let counts: String = r
+        .written
+        .iter()
+        .flat_map(|(name, w)| {
+            w.counts
+                .iter()
+                .map(move |(k, v)| format!(" {name}_{k}={v}"))
+        })
+        .collect();
+    tracing::info!(
+        kind = ?r.kind,
+        services = r.services,
+        messages = r.committed.messages,
+        bytes = r.committed.bytes,
+        "synced in {ms:.1} ms{counts}"
+    );
 }

@@ -568,7 +568,7 @@ mod tests {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             ..Default::default()
         };
-        let (ruleset, _) = crate::proxy::desired(&loaded.objects, None, &config);
+        let (ruleset, _) = crate::nft::translate::desired(&loaded.objects, None, &config);
         let packet = "10.244.0.1 10.96.0.9:80/tcp".parse().unwrap();
         let e = explain(&ruleset, &packet, &[]);
         assert_eq!(e.paths.len(), 7);

@@ -8,8 +8,8 @@ use kube_nft::core::node_config::{
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
 use kube_nft::source::files;
+use kube_nft::text;
 use kube_nft::{config, daemon};
-use kube_nft::{proxy, text};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -297,7 +297,8 @@ impl ProxyArgs {
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
         }
-        let (ruleset, _) = proxy::desired(&loaded.objects, self.node_name.as_deref(), config);
+        let (ruleset, _) =
+            kube_nft::nft::translate::desired(&loaded.objects, self.node_name.as_deref(), config);
         Ok(ruleset)
     }
 }
@@ -414,7 +415,7 @@ fn backend_named(mode: &str) -> ProxyMode {
 
 fn cleanup() -> Result<bool, String> {
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
-    proxy::cleanup(&mut sock).map_err(|e| e.to_string())?;
+    kube_nft::nft::kernel::cleanup(&mut sock).map_err(|e| e.to_string())?;
     kube_nft::ipvs::cleanup().map_err(|e| format!("cleaning up IPVS: {e}"))?;
     Ok(true)
 }

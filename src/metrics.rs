@@ -2,7 +2,8 @@
 //! existing dashboards and alerts keep working) and `kubenft_` for our own.
 
 use crate::core::model::{ClusterState, Rejected};
-use crate::proxy::{SyncKind, SyncReport};
+use crate::dataplane::SyncKind;
+use crate::engine::SyncReport;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -12,8 +12,9 @@
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::{categorize, port_endpoints};
+use crate::dataplane::SyncKind;
+use crate::engine::SyncReport;
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
-use crate::proxy::{SyncKind, SyncReport};
 use crate::ruleset::{Family, Protocol};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -204,7 +205,7 @@ mod tests {
                 .map(|i| crate::bench::service_key(*i))
                 .collect(),
             committed: crate::netlink::Committed::default(),
-            ipvs: None,
+            written: Vec::new(),
             duration: std::time::Duration::ZERO,
         }
     }

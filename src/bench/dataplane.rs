@@ -6,9 +6,9 @@
 
 use super::{bench_config, bench_slice, median, service_key, synthetic_state, vip};
 use crate::core::model::ClusterState;
+use crate::engine::Proxy;
 use crate::lab::topology::Topology;
 use crate::netns::{in_netns, sysctl_in};
-use crate::proxy::Proxier;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -277,7 +277,7 @@ pub fn data_plane(
                 if ruleset == KUBE_NFT {
                     let s = state.clone();
                     in_netns(&node, move || -> Result<(), String> {
-                        let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+                        let mut p = Proxy::new(bench_config()).map_err(|e| e.to_string())?;
                         p.replace_state(s);
                         p.sync().map(|_| ()).map_err(|e| e.to_string())
                     })
@@ -306,7 +306,7 @@ pub fn data_plane(
                 if ruleset == KUBE_NFT {
                     in_netns(&node, || {
                         let mut s = crate::netlink::NftSocket::open()?;
-                        crate::proxy::cleanup(&mut s).map_err(std::io::Error::other)
+                        crate::nft::kernel::cleanup(&mut s).map_err(std::io::Error::other)
                     })
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;

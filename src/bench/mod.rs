@@ -15,9 +15,9 @@ use crate::core::model::{
     ServicePort, TargetPort,
 };
 use crate::core::node_config::NodeConfig;
+use crate::engine::Proxy;
 use crate::netns::{in_netns, Netns};
 use crate::nft::translate::translate;
-use crate::proxy::Proxier;
 use crate::ruleset::{Family, Protocol};
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -166,7 +166,7 @@ pub fn child_sync(
         counters,
         ..bench_config()
     };
-    let mut p = Proxier::new(config).map_err(|e| e.to_string())?;
+    let mut p = Proxy::new(config).map_err(|e| e.to_string())?;
     p.replace_state(synthetic_state(services, endpoints));
     let r = p.sync().map_err(|e| e.to_string())?;
     println!(
@@ -374,10 +374,10 @@ type Cost = (f64, usize);
 /// changes each: one endpoint replaced, one Service added, one deleted.
 fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, Cost), String> {
     let services = state.services.len();
-    let mut p = Proxier::new(bench_config()).map_err(|e| e.to_string())?;
+    let mut p = Proxy::new(bench_config()).map_err(|e| e.to_string())?;
     p.replace_state(state);
     p.sync().map_err(|e| e.to_string())?;
-    let measure = |p: &mut Proxier,
+    let measure = |p: &mut Proxy,
                    key: &ServiceKey,
                    change: &dyn Fn(&mut ClusterState)|
      -> Result<Cost, String> {

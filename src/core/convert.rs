@@ -618,6 +618,22 @@ pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
     out
 }
 
+/// Validates the objects, logging each one rejected or skipped.
+pub fn validate(objects: &Objects, node_name: Option<&str>) -> Validated {
+    let validated = build_state(objects, node_name);
+    log_rejected(&validated.rejected);
+    for (object, why) in &validated.skipped {
+        tracing::debug!("{object}: not proxied ({why:?})");
+    }
+    validated
+}
+
+pub fn log_rejected(rejected: &[Rejected]) {
+    for r in rejected {
+        tracing::warn!(object = %r.object, field = %r.field, "rejected: {r}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 
 use crate::ruleset::{Family, Protocol};
 use ipnet::IpNet;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -293,6 +293,24 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// The Services whose Service object or EndpointSlices differ in `other`.
+    pub fn changed_services(&self, other: &ClusterState) -> Vec<ServiceKey> {
+        let keys: BTreeSet<&ServiceKey> = self
+            .services
+            .keys()
+            .chain(other.services.keys())
+            .chain(self.slices.keys())
+            .chain(other.slices.keys())
+            .collect();
+        keys.into_iter()
+            .filter(|k| {
+                self.services.get(*k) != other.services.get(*k)
+                    || self.slices.get(*k) != other.slices.get(*k)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The endpoints of one Service port, merged over all its slices: matched by
     /// port name and protocol, de-duplicated by address and port. When two slices
     /// disagree about an endpoint, the one that is more ready wins.

@@ -161,6 +161,14 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl NodeConfig {
+    /// The IPVS settings of the IPVS mode (the defaults in another mode).
+    pub fn ipvs_settings(&self) -> IpvsSettings {
+        match &self.mode {
+            ProxyMode::Ipvs(s) => s.clone(),
+            ProxyMode::Nftables => IpvsSettings::default(),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (flag, cidrs) in [
             ("--cluster-cidr", &self.cluster_cidrs),

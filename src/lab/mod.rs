@@ -11,6 +11,8 @@ pub mod topology;
 use crate::core::convert::{build_state, Objects};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::usable_endpoints;
+use crate::engine::Proxy;
+use crate::nft::dataplane::NftDataplane;
 use crate::nft::names::CHAIN_SERVICES;
 use crate::ruleset::{Family, Protocol};
 use crate::source::files::{self, Loaded};
@@ -167,11 +169,14 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     let config = opts.config.clone();
     let (ruleset, report, matches) =
         crate::netns::in_netns(&topo.node.name, move || -> Result<_, String> {
-            let mut proxier = crate::proxy::Proxier::new(config).map_err(|e| e.to_string())?;
-            proxier.replace_state(state);
-            let report = proxier.sync().map_err(|e| e.to_string())?;
-            let matches = proxier.verify().map_err(|e| e.to_string())?;
-            let ruleset = proxier.desired_as_placed().map_err(|e| e.to_string())?;
+            let mut proxy = Proxy::new(config.clone()).map_err(|e| e.to_string())?;
+            proxy.replace_state(state);
+            let report = proxy.sync().map_err(|e| e.to_string())?;
+            let matches = proxy.verify().map_err(|e| e.to_string())?;
+            let mut nft = NftDataplane::open().map_err(|e| e.to_string())?;
+            let ruleset = nft
+                .desired_as_placed(proxy.state(), &config)
+                .map_err(|e| e.to_string())?;
             Ok((ruleset, report, matches))
         })??;
     println!(
@@ -184,12 +189,13 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
             "DIFFERS from the desired ruleset"
         }
     );
-    if let Some(ipvs) = &report.ipvs {
+    if let Some((_, ipvs)) = report.written.iter().find(|(name, _)| *name == "ipvs") {
+        let count = |k: &str| ipvs.counts.iter().find(|(n, _)| *n == k).map_or(0, |c| c.1);
         println!(
             "proxy: IPVS: {} commands ({} bytes), {} addresses on {}",
-            ipvs.commands,
-            ipvs.bytes,
-            ipvs.addresses,
+            count("commands"),
+            count("bytes"),
+            count("addresses"),
             crate::ipvs::INTERFACE
         );
     }

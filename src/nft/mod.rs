@@ -1,12 +1,17 @@
 //! The nftables dataplane: `translate` (with `names`, `skeleton`, `service`,
 //! `slots` and the IPVS flavour in `ipvs_helper`) computes the desired tables
 //! from the model; `lower` turns them into kernel objects; `view` is the compact
-//! picture of what the kernel holds; `plan` is the transaction between the two.
+//! picture of what the kernel holds; `planner` decides, without I/O, the `plan`
+//! (the transaction) between the two; `dataplane` reads, plans and commits
+//! through a `kernel::NftKernel`.
 
+pub mod dataplane;
 pub mod ipvs_helper;
+pub mod kernel;
 pub mod lower;
 pub mod names;
 pub mod plan;
+pub mod planner;
 pub mod service;
 pub mod skeleton;
 pub mod slots;

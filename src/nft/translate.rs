@@ -16,6 +16,7 @@
 //! - Filter chains reject Services with no endpoints and wrong ports on live
 //!   ClusterIPs, and drop traffic to unallocated addresses in the service CIDRs.
 
+use crate::core::convert::{validate, Objects, Validated};
 use crate::core::model::ClusterState;
 use crate::core::node_config::NodeConfig;
 use crate::nft::names::*;
@@ -149,6 +150,17 @@ pub fn translate_with_hints(
             .flat_map(|f| tables_for(state, config, *f, hints))
             .collect(),
     }
+}
+
+/// Validates the objects and computes the desired ruleset, logging each rejected
+/// object; the others still go through.
+pub fn desired(
+    objects: &Objects,
+    node_name: Option<&str>,
+    config: &NodeConfig,
+) -> (Ruleset, Validated) {
+    let validated = validate(objects, node_name);
+    (translate(&validated.state, config), validated)
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! - A **document** that is YAML but not a valid object (a Service whose ports are
 //!   a number, say) is `Rejected` on its own; the rest of the file still loads.
 
+use super::{Delta, Update};
 use crate::core::convert::Objects;
 use crate::core::model::Rejected;
 use serde::Deserialize;
@@ -115,6 +116,18 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
         }
     }
     Ok(())
+}
+
+/// Objects read from files as the updates an API source would send: a complete
+/// list of each kind (files hold no ServiceCIDRs, so that list is empty), so
+/// that files and the API server reach the model the same way.
+pub fn updates(objects: Objects) -> [Update; 4] {
+    [
+        Update::Service(Delta::Listed(objects.services)),
+        Update::Slice(Delta::Listed(objects.slices)),
+        Update::Node(Delta::Listed(objects.nodes)),
+        Update::ServiceCidr(Delta::Listed(Vec::new())),
+    ]
 }
 
 /// What one `ManifestStore::reload` found.

@@ -1,10 +1,11 @@
 //! Where Kubernetes objects come from: manifest files (`files`), or an API server
 //! watched with kube-rs (`kubernetes`). The API source reports changes one object
-//! at a time (`Update`); `tracker` turns them into model changes on the proxier.
+//! at a time (`Update`); manifest files are read whole into the same updates.
+//! `store` applies them to the model it owns and reports what changed.
 
 pub mod files;
 pub mod kubernetes;
-pub mod tracker;
+pub mod store;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;

@@ -1,16 +1,19 @@
-//! Applies source `Update`s to the proxier's model, one object at a time.
+//! The store: the model of the cluster, owned by the source side, in the manner
+//! of kube-rs's reflector store. Every source (the API server's watches, or
+//! manifest files read whole) reaches it through the same `Update`s, applied one
+//! object at a time.
 //!
 //! Each object is converted on its own (a malformed one is dropped with a
-//! `Rejected`, the rest go on), and the proxier marks a Service for the next sync
-//! only when what it proxies actually changed. So a relist after a dropped or
-//! expired watch, which repeats everything we already have, costs no rules.
+//! `Rejected`, the rest go on), and a Service is reported changed only when what
+//! it proxies actually changed. So a relist after a dropped or expired watch,
+//! which repeats everything we already have, costs no rules. The engine takes
+//! the changed keys (`take_changes`) and never writes the model.
 
 use super::{Delta, Update};
 use crate::core::convert::{
     convert_endpoint_slice, convert_node, convert_service, namespace_of, Converted,
 };
-use crate::core::model::{NodeInfo, Rejected, ServiceKey};
-use crate::proxy::Proxier;
+use crate::core::model::{ClusterState, EndpointSlice, NodeInfo, Rejected, Service, ServiceKey};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -28,12 +31,20 @@ pub const DEFAULT_SERVICE_CIDR: &str = "kubernetes";
 
 /// What applying one update did, for logs and metrics.
 #[derive(Debug, Default)]
-pub struct Applied {
+pub struct UpdateOutcome {
     pub service_changes: usize,
     pub endpoint_changes: usize,
     pub rejected: Vec<Rejected>,
     /// The ServiceCIDRs changed: `service_cidrs()` has the new list.
     pub service_cidrs_changed: bool,
+}
+
+/// What changed in the store since the engine last looked.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub services: BTreeSet<ServiceKey>,
+    /// This node's Node changed: it shapes every Service.
+    pub node: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -44,7 +55,12 @@ enum Kind {
     ServiceCidr,
 }
 
-pub struct ChangeTracker {
+pub struct ClusterStore {
+    state: ClusterState,
+    /// Services changed since the engine last took the changes.
+    changed: BTreeSet<ServiceKey>,
+    /// The node (its name, zone or addresses) changed: every Service is shaped by it.
+    node_changed: bool,
     node_name: String,
     /// The Service each slice was filed under, so that a slice which is deleted,
     /// rejected or relabelled leaves the right Service.
@@ -70,14 +86,74 @@ fn trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
     Some(SystemTime::from(ts))
 }
 
-impl ChangeTracker {
-    pub fn new(node_name: &str) -> ChangeTracker {
-        ChangeTracker {
+impl ClusterStore {
+    pub fn new(node_name: &str) -> ClusterStore {
+        ClusterStore {
+            state: ClusterState::default(),
+            changed: BTreeSet::new(),
+            node_changed: false,
             node_name: node_name.to_string(),
             slice_owners: HashMap::new(),
             service_cidrs: BTreeMap::new(),
             listed: BTreeSet::new(),
             triggers: HashMap::new(),
+        }
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// The changes since the last call, for the engine's next sync.
+    pub fn take_changes(&mut self) -> Changes {
+        Changes {
+            services: std::mem::take(&mut self.changed),
+            node: std::mem::take(&mut self.node_changed),
+        }
+    }
+
+    /// Sets (or, with `None`, removes) one Service. It is reported changed only
+    /// if it changed, so a relist that repeats what we have costs no rules.
+    fn set_service(&mut self, key: &ServiceKey, svc: Option<Service>) -> bool {
+        if self.state.services.get(key) == svc.as_ref() {
+            return false;
+        }
+        match svc {
+            Some(svc) => self.state.services.insert(key.clone(), svc),
+            None => self.state.services.remove(key),
+        };
+        self.changed.insert(key.clone());
+        true
+    }
+
+    /// Sets (or removes) one EndpointSlice of the Service `key`; reports the
+    /// Service changed only if the slice changed.
+    fn set_slice(&mut self, key: &ServiceKey, name: &str, slice: Option<EndpointSlice>) -> bool {
+        let current = self.state.slices.get(key).and_then(|s| s.get(name));
+        if current == slice.as_ref() {
+            return false;
+        }
+        let slices = self.state.slices.entry(key.clone()).or_default();
+        match slice {
+            Some(slice) => {
+                debug_assert_eq!(slice.name, name);
+                slices.insert(slice);
+            }
+            None => {
+                slices.remove(name);
+                if slices.is_empty() {
+                    self.state.slices.remove(key);
+                }
+            }
+        }
+        self.changed.insert(key.clone());
+        true
+    }
+
+    fn set_node(&mut self, node: Option<NodeInfo>) {
+        if self.state.node != node {
+            self.state.node = node;
+            self.node_changed = true;
         }
     }
 
@@ -120,27 +196,27 @@ impl ChangeTracker {
         self.triggers.drain().map(|(_, t)| t).collect()
     }
 
-    pub fn apply(&mut self, update: Update, proxier: &mut Proxier) -> Applied {
-        let mut out = Applied::default();
+    pub fn apply(&mut self, update: Update) -> UpdateOutcome {
+        let mut out = UpdateOutcome::default();
         match update {
             Update::Service(delta) => {
                 if let Delta::Listed(all) = &delta {
                     let keep: BTreeSet<ServiceKey> =
                         all.iter().map(|s| service_key(&s.metadata)).collect();
-                    let gone: Vec<ServiceKey> = proxier
-                        .state()
+                    let gone: Vec<ServiceKey> = self
+                        .state
                         .services
                         .keys()
                         .filter(|k| !keep.contains(*k))
                         .cloned()
                         .collect();
                     for key in gone {
-                        out.service_changes += proxier.set_service(&key, None) as usize;
+                        out.service_changes += self.set_service(&key, None) as usize;
                     }
                     self.listed.insert(Kind::Service);
                 }
                 for (svc, present) in objects(delta) {
-                    self.apply_service(&svc, present, proxier, &mut out);
+                    self.apply_service(&svc, present, &mut out);
                 }
             }
             Update::Slice(delta) => {
@@ -154,12 +230,12 @@ impl ChangeTracker {
                         .cloned()
                         .collect();
                     for id in gone {
-                        self.remove_slice(&id, proxier, &mut out);
+                        self.remove_slice(&id, &mut out);
                     }
                     self.listed.insert(Kind::Slice);
                 }
                 for (slice, present) in objects(delta) {
-                    self.apply_slice(&slice, present, proxier, &mut out);
+                    self.apply_slice(&slice, present, &mut out);
                 }
             }
             Update::Node(delta) => {
@@ -173,7 +249,7 @@ impl ChangeTracker {
                     }
                     _ => return out,
                 };
-                self.apply_node(node.as_ref(), proxier, &mut out);
+                self.apply_node(node.as_ref(), &mut out);
             }
             Update::ServiceCidr(delta) => {
                 let before = self.service_cidrs();
@@ -190,13 +266,7 @@ impl ChangeTracker {
         out
     }
 
-    fn apply_service(
-        &mut self,
-        svc: &core::Service,
-        present: bool,
-        proxier: &mut Proxier,
-        out: &mut Applied,
-    ) {
+    fn apply_service(&mut self, svc: &core::Service, present: bool, out: &mut UpdateOutcome) {
         let key = service_key(&svc.metadata);
         let converted = if present {
             match convert_service(svc) {
@@ -213,31 +283,30 @@ impl ChangeTracker {
         } else {
             None
         };
-        out.service_changes += proxier.set_service(&key, converted) as usize;
+        out.service_changes += self.set_service(&key, converted) as usize;
     }
 
     fn apply_slice(
         &mut self,
         slice: &discovery::EndpointSlice,
         present: bool,
-        proxier: &mut Proxier,
-        out: &mut Applied,
+        out: &mut UpdateOutcome,
     ) {
         let id = object_id(&slice.metadata);
         let converted = match present.then(|| convert_endpoint_slice(slice)) {
             Some(Ok(Converted::Valid(s))) => s,
             Some(Err(r)) => {
                 out.rejected.push(r);
-                return self.remove_slice(&id, proxier, out);
+                return self.remove_slice(&id, out);
             }
-            _ => return self.remove_slice(&id, proxier, out),
+            _ => return self.remove_slice(&id, out),
         };
         let owner = converted.service.clone();
         if self.slice_owners.get(&id).is_some_and(|o| *o != owner) {
-            self.remove_slice(&id, proxier, out);
+            self.remove_slice(&id, out);
         }
         self.slice_owners.insert(id.clone(), owner.clone());
-        if proxier.set_slice(&owner, &id.1, Some(converted)) {
+        if self.set_slice(&owner, &id.1, Some(converted)) {
             out.endpoint_changes += 1;
             if let Some(t) = trigger_time(&slice.metadata) {
                 let earliest = self.triggers.entry(owner).or_insert(t);
@@ -246,13 +315,13 @@ impl ChangeTracker {
         }
     }
 
-    fn remove_slice(&mut self, id: &(String, String), proxier: &mut Proxier, out: &mut Applied) {
+    fn remove_slice(&mut self, id: &(String, String), out: &mut UpdateOutcome) {
         if let Some(owner) = self.slice_owners.remove(id) {
-            out.endpoint_changes += proxier.set_slice(&owner, &id.1, None) as usize;
+            out.endpoint_changes += self.set_slice(&owner, &id.1, None) as usize;
         }
     }
 
-    fn apply_node(&mut self, node: Option<&core::Node>, proxier: &mut Proxier, out: &mut Applied) {
+    fn apply_node(&mut self, node: Option<&core::Node>, out: &mut UpdateOutcome) {
         let info = match node.map(convert_node) {
             Some(Ok(info)) => info,
             Some(Err(r)) => {
@@ -266,10 +335,10 @@ impl ChangeTracker {
                 ..NodeInfo::default()
             },
         };
-        proxier.set_node(Some(info));
+        self.set_node(Some(info));
     }
 
-    fn apply_service_cidr(&mut self, obj: &ServiceCIDR, present: bool, out: &mut Applied) {
+    fn apply_service_cidr(&mut self, obj: &ServiceCIDR, present: bool, out: &mut UpdateOutcome) {
         let name = obj.metadata.name.clone().unwrap_or_default();
         if !present {
             self.service_cidrs.remove(&name);

@@ -1,0 +1,96 @@
+//! A dataplane is one way of programming the kernel from the model: nftables
+//! (`nft`) or IPVS (`ipvs`). The engine runs the dataplanes of the proxy mode in
+//! order, each through the same two syncs. Adding a dataplane means writing its
+//! module and naming it in `for_mode`.
+
+use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::node_config::{NodeConfig, ProxyMode};
+use crate::netlink::Committed;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    /// Readback of everything we own and diff against the whole desired state.
+    Full,
+    /// Only the Services that changed.
+    Partial,
+}
+
+/// What one dataplane wrote in one sync.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Its nf_tables transaction (none for a dataplane that writes none).
+    pub committed: Committed,
+    /// Other counts for the sync's log line, named without the dataplane's
+    /// prefix (IPVS: `commands`, `bytes`, `addresses`).
+    pub counts: Vec<(&'static str, usize)>,
+}
+
+/// A sync that failed in one dataplane; the kernel keeps what it had, and the
+/// next sync is a full one.
+#[derive(Debug)]
+pub struct SyncError {
+    pub dataplane: &'static str,
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl fmt::Display for SyncError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for SyncError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+impl SyncError {
+    pub fn new(dataplane: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        SyncError {
+            dataplane,
+            source: Box::new(e),
+        }
+    }
+}
+
+pub trait Dataplane {
+    /// Short and lowercase: it names the dataplane in logs and errors.
+    fn name(&self) -> &'static str;
+
+    /// Reads back what this dataplane owns in the kernel and brings all of it to
+    /// the desired state. A kernel already in that state gets no write.
+    fn full_sync(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+    ) -> Result<Written, SyncError>;
+
+    /// Brings only the Services `changed` to their desired state, trusting what
+    /// the last successful sync left.
+    fn partial_sync(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+        changed: &[ServiceKey],
+    ) -> Result<Written, SyncError>;
+
+    /// Whether the kernel holds exactly what this dataplane wants (full readback).
+    fn verify(&mut self, state: &ClusterState, config: &NodeConfig) -> Result<bool, SyncError>;
+}
+
+/// The dataplanes a proxy mode runs, in sync order, opened in the current
+/// network namespace. The one place that names them.
+pub fn for_mode(mode: &ProxyMode) -> Result<Vec<Box<dyn Dataplane>>, SyncError> {
+    let nft =
+        crate::nft::dataplane::NftDataplane::open().map_err(|e| SyncError::new("nftables", e))?;
+    Ok(match mode {
+        ProxyMode::Nftables => vec![Box::new(nft)],
+        // IPVS balances; the nftables table beside it masquerades and filters.
+        ProxyMode::Ipvs(_) => vec![
+            Box::new(nft),
+            Box::new(crate::ipvs::IpvsDataplane::open().map_err(|e| SyncError::new("ipvs", e))?),
+        ],
+    })
+}

@@ -1,0 +1,205 @@
+//! The engine: a thin scheduler over the dataplanes of the proxy mode. It knows
+//! which Services changed since the last sync and whether the next sync must be
+//! a full one; each dataplane decides what to write.
+//!
+//! - A **full sync** runs at start (so a restart over a correct kernel writes
+//!   nothing), periodically, after any failed sync, when the node or its
+//!   settings changed, and when someone else changed our tables.
+//! - A **partial sync** brings only the changed Services to their desired state;
+//!   its cost follows the change, not the cluster.
+//!
+//! Dataplanes run in order, full after full and partial after partial. If one
+//! fails the kernel keeps what it had there, and the next sync is full.
+//!
+//! The engine does not own the model: the daemon's source store does, and
+//! `Proxy` pairs a model edited in place with an engine for the one-shot
+//! commands, the lab, the benchmarks and tests.
+
+use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::node_config::NodeConfig;
+use crate::dataplane::{self, Dataplane, SyncError, SyncKind, Written};
+use crate::netlink::Committed;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// What one sync did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    pub kind: SyncKind,
+    /// Services recomputed (all of them for a full sync).
+    pub services: usize,
+    /// Which ones, after a partial sync (a full one recomputes every Service).
+    pub recomputed: Vec<ServiceKey>,
+    /// The nf_tables transactions of every dataplane, added up.
+    pub committed: Committed,
+    /// Each dataplane's share, in sync order.
+    pub written: Vec<(&'static str, Written)>,
+    pub duration: Duration,
+}
+
+pub struct Engine {
+    config: NodeConfig,
+    dataplanes: Vec<Box<dyn Dataplane>>,
+    dirty: BTreeSet<ServiceKey>,
+    full_sync_needed: bool,
+}
+
+impl Engine {
+    /// Opens the dataplanes of `config.mode` in the current network namespace.
+    /// The first sync is a full one: it adopts whatever correct state the kernel
+    /// already has.
+    pub fn new(config: NodeConfig) -> Result<Engine, SyncError> {
+        let dataplanes = dataplane::for_mode(&config.mode)?;
+        Ok(Engine::with_dataplanes(config, dataplanes))
+    }
+
+    pub fn with_dataplanes(config: NodeConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Engine {
+        Engine {
+            config,
+            dataplanes,
+            dirty: BTreeSet::new(),
+            full_sync_needed: true,
+        }
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// Changes the node settings (for example its addresses); a change makes the
+    /// next sync a full one.
+    pub fn set_config(&mut self, config: NodeConfig) {
+        if config != self.config {
+            self.config = config;
+            self.full_sync_needed = true;
+        }
+    }
+
+    /// These Services changed: the next sync recomputes them.
+    pub fn mark(&mut self, changed: impl IntoIterator<Item = ServiceKey>) {
+        self.dirty.extend(changed);
+    }
+
+    /// Makes the next sync a full readback and diff (drift, resync period, a
+    /// changed node).
+    pub fn request_full_sync(&mut self) {
+        self.full_sync_needed = true;
+    }
+
+    pub fn pending(&self) -> bool {
+        self.full_sync_needed || !self.dirty.is_empty()
+    }
+
+    /// Brings the kernel to the desired state of `state`: a full sync when one
+    /// is due, else a partial one over the changed Services.
+    pub fn sync(&mut self, state: &ClusterState) -> Result<SyncReport, SyncError> {
+        let started = Instant::now();
+        let kind = if self.full_sync_needed {
+            SyncKind::Full
+        } else {
+            SyncKind::Partial
+        };
+        let recomputed: Vec<ServiceKey> = match kind {
+            SyncKind::Full => Vec::new(),
+            SyncKind::Partial => self.dirty.iter().cloned().collect(),
+        };
+        let mut written = Vec::new();
+        for d in &mut self.dataplanes {
+            let result = match kind {
+                SyncKind::Full => d.full_sync(state, &self.config),
+                SyncKind::Partial => d.partial_sync(state, &self.config, &recomputed),
+            };
+            match result {
+                Ok(w) => written.push((d.name(), w)),
+                Err(e) => {
+                    self.full_sync_needed = true;
+                    return Err(e);
+                }
+            }
+        }
+        self.dirty.clear();
+        self.full_sync_needed = false;
+        let mut committed = Committed::default();
+        for (_, w) in &written {
+            committed.messages += w.committed.messages;
+            committed.bytes += w.committed.bytes;
+            committed.kernel += w.committed.kernel;
+        }
+        Ok(SyncReport {
+            kind,
+            services: match kind {
+                SyncKind::Full => state.services.len(),
+                SyncKind::Partial => recomputed.len(),
+            },
+            recomputed,
+            committed,
+            written,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Whether every dataplane's kernel state is exactly what `state` asks for.
+    pub fn verify(&mut self, state: &ClusterState) -> Result<bool, SyncError> {
+        for d in &mut self.dataplanes {
+            if !d.verify(state, &self.config)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A model held and edited in place, with the engine that programs it.
+pub struct Proxy {
+    state: ClusterState,
+    engine: Engine,
+}
+
+impl Proxy {
+    pub fn new(config: NodeConfig) -> Result<Proxy, SyncError> {
+        Ok(Proxy::with_engine(Engine::new(config)?))
+    }
+
+    pub fn with_engine(engine: Engine) -> Proxy {
+        Proxy {
+            state: ClusterState::default(),
+            engine,
+        }
+    }
+
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    pub fn engine(&mut self) -> &mut Engine {
+        &mut self.engine
+    }
+
+    /// Changes the model through `change`, marking the Service `key` for the next sync.
+    pub fn update(&mut self, key: &ServiceKey, change: impl FnOnce(&mut ClusterState)) {
+        change(&mut self.state);
+        self.engine.mark([key.clone()]);
+    }
+
+    /// Replaces the model; only Services whose Service or EndpointSlices differ
+    /// are marked, and a changed node makes the next sync full.
+    pub fn replace_state(&mut self, state: ClusterState) {
+        if self.state.node != state.node {
+            self.engine.request_full_sync();
+        }
+        self.engine.mark(self.state.changed_services(&state));
+        self.state = state;
+    }
+
+    pub fn request_full_sync(&mut self) {
+        self.engine.request_full_sync();
+    }
+
+    pub fn sync(&mut self) -> Result<SyncReport, SyncError> {
+        self.engine.sync(&self.state)
+    }
+
+    pub fn verify(&mut self) -> Result<bool, SyncError> {
+        self.engine.verify(&self.state)
+    }
+}

@@ -1,0 +1,132 @@
+//! The nftables dataplane: reads our tables back, has the planner plan the
+//! difference and commits it as one transaction. All decisions are the
+//! planner's; this only does the I/O around them.
+
+use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::node_config::NodeConfig;
+use crate::dataplane::{Dataplane, SyncError, Written};
+use crate::netlink::{Committed, NftError, NftSocket};
+use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
+use crate::nft::plan::Plan;
+use crate::nft::planner::{desired_as_placed, plan_full, ChainHints, Footprints};
+use crate::nft::translate::Ruleset;
+use std::collections::HashMap;
+
+pub struct NftDataplane<K = NftSocket> {
+    kernel: K,
+    footprints: Footprints,
+}
+
+impl NftDataplane<NftSocket> {
+    /// Opens the nf_tables socket in the current network namespace.
+    pub fn open() -> std::io::Result<Self> {
+        let sock = NftSocket::open().map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("opening the nf_tables netlink socket: {e}"),
+            )
+        })?;
+        Ok(NftDataplane::with_kernel(sock))
+    }
+}
+
+impl<K: NftKernel> NftDataplane<K> {
+    pub fn with_kernel(kernel: K) -> Self {
+        NftDataplane {
+            kernel,
+            footprints: Footprints::default(),
+        }
+    }
+
+    pub fn kernel(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
+    /// The desired ruleset with endpoints in the slots the kernel has them in.
+    pub fn desired_as_placed(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+    ) -> Result<Ruleset, NftError> {
+        let views = read_views(&mut self.kernel)?;
+        Ok(desired_as_placed(&views, state, config))
+    }
+
+    fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
+        if plan.is_empty() {
+            return Ok(Committed::default());
+        }
+        self.kernel.commit(plan.into_batch())
+    }
+
+    pub fn full(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+    ) -> Result<Committed, NftError> {
+        let views = read_views(&mut self.kernel)?;
+        let (plan, footprints) = plan_full(&views, state, config);
+        drop(views);
+        let committed = self.commit(plan)?;
+        self.footprints = footprints;
+        Ok(committed)
+    }
+
+    pub fn partial(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+        changed: &[ServiceKey],
+    ) -> Result<Committed, NftError> {
+        let mut chains = HashMap::new();
+        for (table, chain) in self.footprints.chains_of(changed) {
+            let rules = self.kernel.read_chain_rules(*table, chain)?;
+            chains.insert((*table, chain.clone()), rules);
+        }
+        let (plan, change) =
+            self.footprints
+                .plan_partial(ChainHints(chains), changed, state, config);
+        let committed = self.commit(plan)?;
+        self.footprints.apply(change);
+        Ok(committed)
+    }
+}
+
+fn written(r: Result<Committed, NftError>) -> Result<Written, SyncError> {
+    r.map(|committed| Written {
+        committed,
+        counts: Vec::new(),
+    })
+    .map_err(|e| SyncError::new("nftables", e))
+}
+
+impl<K: NftKernel> Dataplane for NftDataplane<K> {
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn full_sync(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+    ) -> Result<Written, SyncError> {
+        written(self.full(state, config))
+    }
+
+    fn partial_sync(
+        &mut self,
+        state: &ClusterState,
+        config: &NodeConfig,
+        changed: &[ServiceKey],
+    ) -> Result<Written, SyncError> {
+        written(self.partial(state, config, changed))
+    }
+
+    fn verify(&mut self, state: &ClusterState, config: &NodeConfig) -> Result<bool, SyncError> {
+        let check = |this: &mut Self| -> Result<bool, NftError> {
+            let want = this.desired_as_placed(state, config)?;
+            kernel_matches(&mut this.kernel, &want)
+        };
+        check(self).map_err(|e| SyncError::new("nftables", e))
+    }
+}

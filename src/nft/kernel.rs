@@ -1,0 +1,138 @@
+//! The kernel as the nftables dataplane sees it: what it reads back (`NftKernel`,
+//! implemented by the netlink socket and, for unit tests, by `fake::FakeKernel`)
+//! and the whole-table operations of the one-shot commands (`apply`, `cleanup`,
+//! `kernel_matches`).
+
+use crate::netlink::nftables::{delete_tables, replace_tables};
+use crate::netlink::objects::{KernelChain, KernelTable};
+use crate::netlink::{Batch, Committed, NftError, NftSocket};
+use crate::nft::lower::lower_table;
+use crate::nft::translate::Ruleset;
+use crate::nft::view::{RuleView, TableView};
+use crate::ruleset::{Family, TableId};
+use std::collections::HashMap;
+
+/// What the nftables dataplane needs of a kernel: compact readback of one of our
+/// tables or of one chain's rules, and atomic transactions.
+pub trait NftKernel {
+    /// One of our tables; `None` if it does not exist.
+    fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError>;
+    /// The rules of one chain (empty if it has none or does not exist).
+    fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError>;
+    /// One of our tables in full (every rule decoded), for verification.
+    fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError>;
+    /// Commits the batch as one transaction; on error nothing changed.
+    fn commit(&mut self, batch: Batch) -> Result<Committed, NftError>;
+}
+
+impl NftKernel for NftSocket {
+    fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError> {
+        NftSocket::read_view(self, table.family, table.name())
+    }
+
+    fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError> {
+        NftSocket::read_chain_rules(self, table.family, table.name(), chain)
+    }
+
+    fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError> {
+        NftSocket::read_table(self, table.family, table.name())
+    }
+
+    fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
+        NftSocket::commit(self, batch)
+    }
+}
+
+/// Our tables as the kernel holds them.
+pub type Views = HashMap<TableId, TableView>;
+
+/// Every table of ours the kernel has (wanted or not).
+pub fn read_views(kernel: &mut dyn NftKernel) -> Result<Views, NftError> {
+    let mut views = HashMap::new();
+    for id in all_tables() {
+        if let Some(v) = kernel.read_view(id)? {
+            views.insert(id, v);
+        }
+    }
+    Ok(views)
+}
+
+/// Every table kube-nft may own, in both families.
+pub fn all_tables() -> impl Iterator<Item = TableId> {
+    Family::ALL.into_iter().flat_map(TableId::all_of)
+}
+
+pub fn lowered(ruleset: &Ruleset) -> Vec<KernelTable> {
+    ruleset.tables.iter().map(lower_table).collect()
+}
+
+/// Programs `ruleset` into the current network namespace, replacing our tables
+/// whole (what `nft -f` of `kube-nft render` does) and removing any of ours it
+/// does not have.
+pub fn apply(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<Committed, NftError> {
+    let tables = lowered(ruleset);
+    let unused = all_tables().filter(|id| !tables.iter().any(|t| t.id() == *id));
+    let mut batch = delete_tables(unused);
+    replace_tables(&mut batch, &tables);
+    sock.commit(batch)
+}
+
+/// Removes our tables from the current network namespace, touching nothing else.
+pub fn cleanup(sock: &mut NftSocket) -> Result<Committed, NftError> {
+    sock.commit(delete_tables(all_tables()))
+}
+
+/// Reads our tables back and says whether the kernel holds exactly `ruleset`.
+pub fn kernel_matches(kernel: &mut dyn NftKernel, ruleset: &Ruleset) -> Result<bool, NftError> {
+    for want in lowered(ruleset) {
+        let Some(got) = kernel.read_table(want.id())? else {
+            return Ok(false);
+        };
+        if !same_table(&want, &got) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Equal as programmed: the same sets, elements, chains and rules, handles and
+/// counters ignored. Chain order is not compared: it is creation order in the
+/// kernel, and packets reach Service chains only through the maps.
+pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
+    let mut a_sets = a.sets.clone();
+    let mut b_sets = b.sets.clone();
+    // Element order in a hash set is the kernel's, not ours.
+    for s in a_sets.iter_mut().chain(b_sets.iter_mut()) {
+        s.elements.sort_by(|x, y| x.key.cmp(&y.key));
+        // A dynamic set's elements are the packets', not ours.
+        if s.timeout_ms.is_some() {
+            s.elements.clear();
+        }
+    }
+    a_sets.sort_by(|x, y| x.name.cmp(&y.name));
+    b_sets.sort_by(|x, y| x.name.cmp(&y.name));
+    let counters = |t: &KernelTable| {
+        let mut v = t.counters.clone();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    };
+    fn by_name(t: &KernelTable) -> Vec<&KernelChain> {
+        let mut v: Vec<&KernelChain> = t.chains.iter().collect();
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    }
+    let (a_chains, b_chains) = (by_name(a), by_name(b));
+    a.family == b.family
+        && a.name == b.name
+        && a.userdata == b.userdata
+        && counters(a) == counters(b)
+        && a_sets == b_sets
+        && a_chains.len() == b_chains.len()
+        && a_chains.iter().zip(&b_chains).all(|(x, y)| {
+            x.name == y.name
+                && x.base == y.base
+                && x.userdata == y.userdata
+                && x.rules.len() == y.rules.len()
+                && x.rules.iter().zip(&y.rules).all(|(r, s)| r.same_as(s))
+        })
+}

@@ -1,0 +1,504 @@
+//! The planner: pure functions from the kernel's view and the desired state to a
+//! `Plan`, with no I/O, so that every reconciliation case is unit-tested against
+//! a fake kernel (`fake`). `dataplane` does the reading and the committing.
+//!
+//! - `plan_full` diffs everything we own against the whole desired ruleset. A
+//!   table whose static part cannot be patched in place is rebuilt whole.
+//! - `Footprints::plan_partial` recomputes only the changed Services and trusts
+//!   what the last sync committed (their footprints), re-reading only the chains
+//!   it edits.
+
+use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::node_config::NodeConfig;
+use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
+use crate::nft::kernel::Views;
+use crate::nft::lower::{lower_chain, lower_counter, lower_element, lower_set, lower_table};
+use crate::nft::names::{table_ids, SET_HAIRPIN};
+use crate::nft::plan::{diff_rules, Plan};
+use crate::nft::service::service_rules;
+use crate::nft::skeleton::skeleton_of;
+use crate::nft::slots::{SlotHints, SlotKey};
+use crate::nft::translate::{hairpin_element, node_elements, translate_with_hints, Ruleset};
+use crate::nft::view::{slots, RuleView, TableView};
+use crate::ruleset::{Family, Mapped, TableId};
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+
+/// What the last committed sync left in the kernel, per Service and family, and
+/// how many Services use each hairpin element.
+#[derive(Debug, Clone, Default)]
+pub struct Footprints {
+    services: HashMap<(ServiceKey, Family), Footprint>,
+    hairpin_refs: HashMap<(Family, IpAddr), usize>,
+}
+
+/// A partial sync's change to the footprints, applied once its plan commits.
+pub struct FootprintChange {
+    services: Vec<((ServiceKey, Family), Footprint)>,
+    hairpin_refs: Vec<((Family, IpAddr), usize)>,
+}
+
+/// The desired ruleset with endpoints in the slots the kernel has them in: what
+/// the kernel must hold after a successful sync.
+pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfig) -> Ruleset {
+    translate_with_hints(state, config, &ViewHints(views))
+}
+
+/// What one Service has in one family's tables, as last committed. Counters are
+/// in the main table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Footprint {
+    chains: Vec<(TableId, String)>,
+    sets: Vec<(TableId, String)>,
+    counters: Vec<String>,
+    elements: Vec<(TableId, &'static str, KernelElement)>,
+    hairpin: Vec<IpAddr>,
+}
+
+/// One Service's rules in one family, lowered to kernel objects.
+struct LoweredService {
+    chains: Vec<(TableId, KernelChain)>,
+    sets: Vec<(TableId, KernelSet)>,
+    counters: Vec<KernelCounter>,
+    footprint: Footprint,
+}
+
+fn lower_service(
+    state: &ClusterState,
+    key: &ServiceKey,
+    family: Family,
+    config: &NodeConfig,
+    hints: &dyn SlotHints,
+) -> Option<LoweredService> {
+    let svc = state.services.get(key)?;
+    let rules = service_rules(state, svc, family, config, hints);
+    let main = TableId::main(family);
+    let elements = rules
+        .elements
+        .iter()
+        .map(|(set, e)| (rules.home(set), *set, lower_element(e)))
+        .collect();
+    let chains: Vec<(TableId, KernelChain)> = rules
+        .chains
+        .iter()
+        .map(|c| (rules.table, c))
+        .chain(rules.main_chains.iter().map(|c| (main, c)))
+        .map(|(t, c)| (t, lower_chain(family, c)))
+        .collect();
+    Some(LoweredService {
+        sets: rules
+            .sets
+            .iter()
+            .map(|s| (rules.table, lower_set(s)))
+            .collect(),
+        counters: rules.counters.iter().map(lower_counter).collect(),
+        footprint: Footprint {
+            chains: chains.iter().map(|(t, c)| (*t, c.name.clone())).collect(),
+            sets: rules
+                .sets
+                .iter()
+                .map(|s| (rules.table, s.name.clone()))
+                .collect(),
+            counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
+            elements,
+            hairpin: rules.hairpin.clone(),
+        },
+        chains,
+    })
+}
+
+struct ViewHints<'a>(&'a Views);
+
+impl SlotHints for ViewHints<'_> {
+    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        self.0.get(&table)?.chain(chain).map(|c| slots(&c.rules))
+    }
+}
+
+/// Chains re-read from the kernel for a partial sync, by table and name.
+pub struct ChainHints(pub HashMap<(TableId, String), Vec<RuleView>>);
+
+impl SlotHints for ChainHints {
+    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        self.0
+            .get(&(table, chain.to_string()))
+            .map(|rules| slots(rules))
+    }
+}
+
+/// The full sync's plan: everything the kernel (`views`) lacks or has wrong
+/// against the whole desired state, and the footprints it leaves behind.
+pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (Plan, Footprints) {
+    let mut plan = Plan::default();
+    let mut footprints = Footprints::default();
+    let hints = ViewHints(views);
+    let mut rebuilt: Option<Ruleset> = None;
+    for family in Family::ALL {
+        let ids = table_ids(family, config);
+        for stale in TableId::all_of(family).filter(|t| !ids.contains(t)) {
+            if views.contains_key(&stale) {
+                plan.delete_table(stale);
+            }
+        }
+        let skeletons: Vec<(TableId, KernelTable)> = ids
+            .iter()
+            .map(|id| (*id, lower_table(&skeleton_of(*id, config))))
+            .collect();
+        let mut rebuild: BTreeSet<TableId> = BTreeSet::new();
+        let mut wanted_chains: HashMap<TableId, BTreeSet<String>> = HashMap::new();
+        let mut wanted_sets: HashMap<TableId, BTreeSet<String>> = HashMap::new();
+        for (id, skeleton) in &skeletons {
+            if !plan_skeleton(&mut plan, *id, skeleton, views.get(id)) {
+                rebuild.insert(*id);
+            }
+            let chains = skeleton.chains.iter().map(|c| c.name.clone());
+            wanted_chains.entry(*id).or_default().extend(chains);
+            let sets = skeleton.sets.iter().map(|s| s.name.clone());
+            wanted_sets.entry(*id).or_default().extend(sets);
+        }
+        let main = TableId::main(family);
+        let main_view = views.get(&main);
+        let mut wanted_counters = BTreeSet::new();
+        let mut wanted_elements: HashMap<(TableId, &str), HashMap<Vec<u8>, KernelElement>> =
+            HashMap::new();
+        for (set, e) in node_elements(state, config, family) {
+            let e = lower_element(&e);
+            for id in &ids {
+                wanted_elements
+                    .entry((*id, set))
+                    .or_default()
+                    .insert(e.key.clone(), e.clone());
+            }
+        }
+        for key in state.services.keys() {
+            let Some(svc) = lower_service(state, key, family, config, &hints) else {
+                continue;
+            };
+            for c in svc.counters {
+                if wanted_counters.insert(c.name.clone()) {
+                    match main_view.and_then(|v| v.counters.get(&c.name)) {
+                        None => plan.add_counter(main, c),
+                        Some(have) if *have != c => {
+                            rebuild.insert(main);
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            for (id, set) in svc.sets {
+                if wanted_sets.entry(id).or_default().insert(set.name.clone()) {
+                    match views.get(&id).and_then(|v| v.set(&set.name)) {
+                        None => plan.add_set(id, set),
+                        Some(have) if !same_set_def(&have.def, &set) => {
+                            rebuild.insert(id);
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            for (id, chain) in svc.chains {
+                wanted_chains
+                    .entry(id)
+                    .or_default()
+                    .insert(chain.name.clone());
+                if !plan_chain(&mut plan, id, chain, views.get(&id)) {
+                    rebuild.insert(id);
+                }
+            }
+            for (id, set, e) in &svc.footprint.elements {
+                wanted_elements
+                    .entry((*id, set))
+                    .or_default()
+                    .entry(e.key.clone())
+                    .or_insert_with(|| e.clone());
+            }
+            for a in &svc.footprint.hairpin {
+                *footprints.hairpin_refs.entry((family, *a)).or_insert(0) += 1;
+            }
+            footprints
+                .services
+                .insert((key.clone(), family), svc.footprint);
+        }
+        let hairpin = wanted_elements.entry((main, SET_HAIRPIN)).or_default();
+        for (f, a) in footprints.hairpin_refs.keys() {
+            if *f == family {
+                let e = lower_element(&hairpin_element(*a));
+                hairpin.insert(e.key.clone(), e);
+            }
+        }
+        for (id, skeleton) in &skeletons {
+            let view = views.get(id);
+            for set in &skeleton.sets {
+                let have = view.and_then(|v| v.set(&set.name)).map(|s| &s.elements);
+                let want = wanted_elements
+                    .remove(&(*id, set.name.as_str()))
+                    .unwrap_or_default();
+                plan_elements(&mut plan, *id, &set.name, have, want);
+            }
+            let Some(v) = view else { continue };
+            let wanted = |names: &HashMap<TableId, BTreeSet<String>>, name: &str| {
+                names.get(id).is_some_and(|n| n.contains(name))
+            };
+            let unwanted_sets = v.sets.iter().filter(|s| !wanted(&wanted_sets, &s.def.name));
+            for s in unwanted_sets {
+                // Its verdict elements hold the chains they point to.
+                let verdict = |e: &&KernelElement| matches!(e.data, Some(Mapped::Verdict(_)));
+                for e in s.elements.values().filter(verdict) {
+                    plan.delete_element(*id, &s.def.name, e.clone());
+                }
+                plan.delete_set(*id, &s.def.name);
+            }
+            for c in v.chains.iter().filter(|c| !wanted(&wanted_chains, &c.name)) {
+                plan.delete_chain(*id, &c.name);
+            }
+            if *id == main {
+                for name in v.counters.keys().filter(|n| !wanted_counters.contains(*n)) {
+                    plan.delete_counter(main, name);
+                }
+            }
+        }
+        for id in rebuild {
+            let ruleset =
+                rebuilt.get_or_insert_with(|| translate_with_hints(state, config, &hints));
+            plan.rebuild(lower_table(ruleset.get(id).expect("a table per id")));
+        }
+    }
+    (plan, footprints)
+}
+
+impl Footprints {
+    /// The chains a partial sync of `dirty` must re-read from the kernel: those
+    /// the Services had (for their rule handles and current endpoint slots).
+    pub fn chains_of<'a>(
+        &'a self,
+        dirty: &'a [ServiceKey],
+    ) -> impl Iterator<Item = &'a (TableId, String)> + 'a {
+        dirty.iter().flat_map(move |key| {
+            Family::ALL.into_iter().flat_map(move |family| {
+                self.services
+                    .get(&(key.clone(), family))
+                    .map(|f| f.chains.as_slice())
+                    .unwrap_or_default()
+            })
+        })
+    }
+
+    /// The partial sync's plan for the Services `dirty`, against the footprints
+    /// of the last sync and their chains as re-read (`kernel`); `apply` the
+    /// returned change once the plan is committed.
+    pub fn plan_partial(
+        &self,
+        kernel: ChainHints,
+        dirty: &[ServiceKey],
+        state: &ClusterState,
+        config: &NodeConfig,
+    ) -> (Plan, FootprintChange) {
+        let hints = kernel;
+        let mut plan = Plan::default();
+        let mut updates = Vec::new();
+        let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
+        for key in dirty {
+            for family in Family::ALL {
+                let main = TableId::main(family);
+                let old = self
+                    .services
+                    .get(&(key.clone(), family))
+                    .cloned()
+                    .unwrap_or_default();
+                let new = lower_service(state, key, family, config, &hints);
+                let (chains, sets, counters, new_applied) = match new {
+                    Some(s) => (s.chains, s.sets, s.counters, s.footprint),
+                    None => Default::default(),
+                };
+                for c in counters
+                    .into_iter()
+                    .filter(|c| !old.counters.contains(&c.name))
+                {
+                    plan.add_counter(main, c);
+                }
+                for c in old
+                    .counters
+                    .iter()
+                    .filter(|c| !new_applied.counters.contains(c))
+                {
+                    plan.delete_counter(main, c);
+                }
+                for (id, set) in sets {
+                    if !old.sets.contains(&(id, set.name.clone())) {
+                        plan.add_set(id, set);
+                    }
+                }
+                for (id, s) in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
+                    plan.delete_set(*id, s);
+                }
+                for (id, chain) in chains {
+                    let at = (id, chain.name.clone());
+                    match hints.0.get(&at) {
+                        Some(rules) if old.chains.contains(&at) => {
+                            plan.rules(id, &chain.name, diff_rules(rules, &chain.rules))
+                        }
+                        _ => plan.add_chain(id, chain),
+                    }
+                }
+                diff_service_elements(&mut plan, &old.elements, &new_applied.elements);
+                for (id, c) in old
+                    .chains
+                    .iter()
+                    .filter(|c| !new_applied.chains.contains(c))
+                {
+                    plan.delete_chain(*id, c);
+                }
+                for a in &old.hairpin {
+                    *hairpin_delta.entry((family, *a)).or_insert(0) -= 1;
+                }
+                for a in &new_applied.hairpin {
+                    *hairpin_delta.entry((family, *a)).or_insert(0) += 1;
+                }
+                updates.push(((key.clone(), family), new_applied));
+            }
+        }
+        let mut new_refs = Vec::new();
+        for ((family, addr), delta) in hairpin_delta {
+            let before = self.hairpin_refs.get(&(family, addr)).copied().unwrap_or(0);
+            let after = (before as isize + delta).max(0) as usize;
+            let e = lower_element(&hairpin_element(addr));
+            let main = TableId::main(family);
+            match (before, after) {
+                (0, n) if n > 0 => plan.add_element(main, SET_HAIRPIN, e),
+                (n, 0) if n > 0 => plan.delete_element(main, SET_HAIRPIN, e),
+                _ => {}
+            }
+            new_refs.push(((family, addr), after));
+        }
+        (
+            plan,
+            FootprintChange {
+                services: updates,
+                hairpin_refs: new_refs,
+            },
+        )
+    }
+
+    /// Records a committed partial sync.
+    pub fn apply(&mut self, change: FootprintChange) {
+        for (k, f) in change.services {
+            if f == Footprint::default() {
+                self.services.remove(&k);
+            } else {
+                self.services.insert(k, f);
+            }
+        }
+        for (k, n) in change.hairpin_refs {
+            if n == 0 {
+                self.hairpin_refs.remove(&k);
+            } else {
+                self.hairpin_refs.insert(k, n);
+            }
+        }
+    }
+}
+
+/// Plans the static part of a table. Returns false when the kernel's version
+/// cannot be patched in place (then the table is rebuilt).
+fn plan_skeleton(
+    plan: &mut Plan,
+    table: TableId,
+    skeleton: &KernelTable,
+    view: Option<&TableView>,
+) -> bool {
+    let Some(v) = view else {
+        plan.add_table(table, skeleton.userdata.clone());
+        for s in &skeleton.sets {
+            let mut def = s.clone();
+            def.elements.clear();
+            plan.add_set(table, def);
+        }
+        for c in &skeleton.chains {
+            plan.add_chain(table, c.clone());
+        }
+        return true;
+    };
+    if v.userdata != skeleton.userdata {
+        return false;
+    }
+    for s in &skeleton.sets {
+        match v.set(&s.name) {
+            Some(have) if same_set_def(&have.def, s) => {}
+            _ => return false,
+        }
+    }
+    skeleton
+        .chains
+        .iter()
+        .all(|c| plan_chain(plan, table, c.clone(), view))
+}
+
+/// The same set definition (elements aside).
+fn same_set_def(have: &KernelSet, want: &KernelSet) -> bool {
+    have.flags == want.flags
+        && have.key_type == want.key_type
+        && have.key_len == want.key_len
+        && have.data_type == want.data_type
+        && have.timeout_ms == want.timeout_ms
+        && have.userdata == want.userdata
+}
+
+/// Plans one chain against the kernel's; false if it must be rebuilt.
+fn plan_chain(
+    plan: &mut Plan,
+    table: TableId,
+    chain: KernelChain,
+    view: Option<&TableView>,
+) -> bool {
+    match view.and_then(|v| v.chain(&chain.name)) {
+        None => {
+            plan.add_chain(table, chain);
+            true
+        }
+        Some(have) if have.base != chain.base || have.userdata != chain.userdata => false,
+        Some(have) => {
+            let ops = diff_rules(&have.rules, &chain.rules);
+            plan.rules(table, &chain.name, ops);
+            true
+        }
+    }
+}
+
+fn plan_elements(
+    plan: &mut Plan,
+    table: TableId,
+    set: &str,
+    have: Option<&HashMap<Vec<u8>, KernelElement>>,
+    want: HashMap<Vec<u8>, KernelElement>,
+) {
+    let empty = HashMap::new();
+    let have = have.unwrap_or(&empty);
+    for (key, old) in have {
+        match want.get(key) {
+            Some(new) if new == old => {}
+            _ => plan.delete_element(table, set, old.clone()),
+        }
+    }
+    for (key, new) in want {
+        if have.get(&key) != Some(&new) {
+            plan.add_element(table, set, new);
+        }
+    }
+}
+
+fn diff_service_elements(
+    plan: &mut Plan,
+    old: &[(TableId, &'static str, KernelElement)],
+    new: &[(TableId, &'static str, KernelElement)],
+) {
+    for (table, set, e) in old {
+        if !new.iter().any(|(t, s, n)| t == table && s == set && n == e) {
+            plan.delete_element(*table, set, e.clone());
+        }
+    }
+    for (table, set, e) in new {
+        if !old.iter().any(|(t, s, o)| t == table && s == set && o == e) {
+            plan.add_element(*table, set, e.clone());
+        }
+    }
+}
