@@ -3,8 +3,8 @@
 //! without this a client keeps sending to a dead endpoint until the entry expires).
 
 use super::attr::{ip_from_bytes, AttrWriter, Attrs, ParseError};
+use super::batch::put_header;
 use super::message::{exchange, finish_msg, Refusal, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
-use super::nftables::put_header;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use std::io;
 use std::net::IpAddr;

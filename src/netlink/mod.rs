@@ -6,6 +6,7 @@
 //! elements; `nftables` sends transactions and dumps our tables back.
 
 pub mod attr;
+pub mod batch;
 pub mod conntrack;
 pub mod expr;
 pub mod genl;
@@ -16,5 +17,6 @@ pub mod nftables;
 pub mod objects;
 pub mod route;
 
-pub use nftables::{Batch, Committed, NftError, NftSocket};
+pub use batch::Batch;
+pub use nftables::{Committed, NftError, NftSocket};
 pub use objects::KernelTable;

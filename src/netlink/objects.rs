@@ -3,9 +3,71 @@
 //! that `nft` writes beside them (comments, set key byte order). Both what we
 //! write and what we read back are these types, which is what makes desired and
 //! actual comparable.
+//!
+//! Each object's attributes are written by its `emit` and read by its `parse`,
+//! side by side, with the kernel's `NFTA_*` names (the same layout serves a
+//! NEW message and a dump's answer). `parse` takes the table the object must be
+//! in and returns `None` for an object of another table.
 
-use super::expr::Expr;
-use crate::ruleset::{BaseChain, Family, Mapped};
+use super::attr::{AttrWriter, Attrs, ParseError, Payload};
+use super::expr::{
+    parse_data, parse_list, write_verdict, Data, Expr, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
+};
+use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped};
+
+// enum nft_table_attributes
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_FLAGS: u16 = 2;
+const NFTA_TABLE_USERDATA: u16 = 6;
+// enum nft_chain_attributes, nft_hook_attributes
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_CHAIN_TYPE: u16 = 7;
+const NFTA_CHAIN_USERDATA: u16 = 12;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_HOOK_PRIORITY: u16 = 2;
+const NF_ACCEPT: u32 = 1;
+// enum nft_rule_attributes
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_HANDLE: u16 = 3;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NFTA_RULE_USERDATA: u16 = 7;
+// enum nft_set_attributes, nft_set_desc_attributes
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_DATA_LEN: u16 = 7;
+const NFTA_SET_DESC: u16 = 9;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_TIMEOUT: u16 = 11;
+const NFTA_SET_USERDATA: u16 = 13;
+const NFTA_SET_OBJ_TYPE: u16 = 15;
+const NFTA_SET_DESC_SIZE: u16 = 1;
+/// `NFT_SET_ANONYMOUS`: a set that belongs to the rule using it.
+const SET_F_ANONYMOUS: u32 = 0x1;
+// enum nft_set_elem_list_attributes, nft_set_elem_attributes
+pub(crate) const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+pub(crate) const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+pub(crate) const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFTA_SET_ELEM_OBJREF: u16 = 9;
+// enum nft_object_attributes, nft_counter_attributes
+const NFTA_OBJ_TABLE: u16 = 1;
+const NFTA_OBJ_NAME: u16 = 2;
+const NFTA_OBJ_TYPE: u16 = 3;
+const NFTA_OBJ_DATA: u16 = 4;
+const NFTA_OBJ_USERDATA: u16 = 8;
+const NFTA_COUNTER_BYTES: u16 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
 
 /// `NFT_SET_MAP`.
 pub const SET_F_MAP: u32 = 0x8;
@@ -150,4 +212,374 @@ pub fn comment_of(udata: &Option<Vec<u8>>) -> Option<String> {
 
 pub fn set_comment_of(udata: &Option<Vec<u8>>) -> Option<String> {
     udata_comment(udata, UDATA_SET_COMMENT)
+}
+
+/// A table's own attributes (its contents are dumped apart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableHeader {
+    pub name: String,
+    pub userdata: Option<Vec<u8>>,
+}
+
+impl TableHeader {
+    pub fn emit(&self, w: &mut AttrWriter) {
+        w.put_str(NFTA_TABLE_NAME, &self.name);
+        w.put_u32(NFTA_TABLE_FLAGS, 0);
+        if let Some(u) = &self.userdata {
+            w.put(NFTA_TABLE_USERDATA, u);
+        }
+    }
+
+    pub fn parse(buf: &[u8]) -> Result<TableHeader, ParseError> {
+        let mut t = TableHeader {
+            name: String::new(),
+            userdata: None,
+        };
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            match k {
+                NFTA_TABLE_NAME => t.name = Payload::new("table", k, p).string()?,
+                NFTA_TABLE_USERDATA => t.userdata = Some(p.to_vec()),
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+}
+
+impl KernelChain {
+    /// The chain's attributes (a NEWCHAIN creates it without rules).
+    pub fn emit(&self, table: &str, w: &mut AttrWriter) {
+        KernelChain::emit_name(table, &self.name, w);
+        if let Some(base) = self.base {
+            w.put_str(NFTA_CHAIN_TYPE, base.kind.name());
+            w.put_u32(NFTA_CHAIN_POLICY, NF_ACCEPT);
+            w.nest(NFTA_CHAIN_HOOK, |w| {
+                w.put_u32(NFTA_HOOK_HOOKNUM, base.hook.number());
+                w.put_u32(NFTA_HOOK_PRIORITY, base.priority as u32);
+            });
+        }
+        if let Some(u) = &self.userdata {
+            w.put(NFTA_CHAIN_USERDATA, u);
+        }
+    }
+
+    /// The attributes that name a chain (a delete carries only these).
+    pub fn emit_name(table: &str, name: &str, w: &mut AttrWriter) {
+        w.put_str(NFTA_CHAIN_TABLE, table);
+        w.put_str(NFTA_CHAIN_NAME, name);
+    }
+
+    /// A chain of `table`, without its rules.
+    pub fn parse(buf: &[u8], table: &str) -> Result<Option<KernelChain>, ParseError> {
+        let (mut tname, mut name, mut kind, mut hook, mut prio, mut userdata) =
+            (None, None, None, None, None, None);
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            let pl = Payload::new("chain", k, p);
+            match k {
+                NFTA_CHAIN_TABLE => tname = Some(pl.string()?),
+                NFTA_CHAIN_NAME => name = Some(pl.string()?),
+                NFTA_CHAIN_TYPE => kind = Some(pl.string()?),
+                NFTA_CHAIN_USERDATA => userdata = Some(p.to_vec()),
+                NFTA_CHAIN_HOOK => {
+                    for h in Attrs::new(p) {
+                        let (hk, hp) = h?;
+                        let hp = Payload::new("chain hook", hk, hp);
+                        match hk {
+                            NFTA_HOOK_HOOKNUM => hook = Some(hp.u32()?),
+                            NFTA_HOOK_PRIORITY => prio = Some(hp.u32()? as i32),
+                            _ => {}
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if tname.as_deref() != Some(table) {
+            return Ok(None);
+        }
+        let base = match (kind.as_deref(), hook, prio) {
+            (Some(kind), Some(hook), Some(priority)) => Some(BaseChain {
+                kind: if kind == "nat" {
+                    ChainType::Nat
+                } else {
+                    ChainType::Filter
+                },
+                hook: match hook {
+                    0 => Hook::Prerouting,
+                    1 => Hook::Input,
+                    2 => Hook::Forward,
+                    3 => Hook::Output,
+                    _ => Hook::Postrouting,
+                },
+                priority,
+            }),
+            _ => None,
+        };
+        Ok(Some(KernelChain {
+            name: name.unwrap_or_default(),
+            base,
+            userdata,
+            rules: Vec::new(),
+        }))
+    }
+}
+
+impl KernelRule {
+    /// The rule's attributes; `handle` names the rule a replace overwrites.
+    pub fn emit(&self, table: &str, chain: &str, handle: Option<u64>, w: &mut AttrWriter) {
+        KernelRule::emit_name(table, chain, handle, w);
+        w.nest(NFTA_RULE_EXPRESSIONS, |w| {
+            for e in &self.exprs {
+                e.emit(w);
+            }
+        });
+        if let Some(u) = &self.userdata {
+            w.put(NFTA_RULE_USERDATA, u);
+        }
+    }
+
+    /// The attributes that name a rule by handle, or with none every rule of
+    /// the chain (a delete carries only these; without a handle it flushes).
+    pub fn emit_name(table: &str, chain: &str, handle: Option<u64>, w: &mut AttrWriter) {
+        w.put_str(NFTA_RULE_TABLE, table);
+        w.put_str(NFTA_RULE_CHAIN, chain);
+        if let Some(h) = handle {
+            w.put_u64(NFTA_RULE_HANDLE, h);
+        }
+    }
+
+    /// A rule of `table`, with the name of its chain.
+    pub fn parse(buf: &[u8], table: &str) -> Result<Option<(String, KernelRule)>, ParseError> {
+        let (mut tname, mut chain, mut handle, mut exprs, mut userdata) =
+            (None, None, None, Vec::new(), None);
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            let pl = Payload::new("rule", k, p);
+            match k {
+                NFTA_RULE_TABLE => tname = Some(pl.string()?),
+                NFTA_RULE_CHAIN => chain = Some(pl.string()?),
+                NFTA_RULE_HANDLE => handle = Some(pl.u64()?),
+                NFTA_RULE_EXPRESSIONS => exprs = parse_list(p)?,
+                NFTA_RULE_USERDATA => userdata = Some(p.to_vec()),
+                _ => {}
+            }
+        }
+        if tname.as_deref() != Some(table) {
+            return Ok(None);
+        }
+        Ok(chain.map(|c| {
+            (
+                c,
+                KernelRule {
+                    handle,
+                    exprs,
+                    userdata,
+                },
+            )
+        }))
+    }
+}
+
+impl KernelSet {
+    /// The set's attributes (a NEWSET creates it without elements); `id` is
+    /// the transaction-unique id the kernel requires of a new set.
+    pub fn emit(&self, table: &str, id: u32, w: &mut AttrWriter) {
+        KernelSet::emit_name(table, &self.name, w);
+        w.put_u32(NFTA_SET_FLAGS, self.flags);
+        w.put_u32(NFTA_SET_KEY_TYPE, self.key_type);
+        w.put_u32(NFTA_SET_KEY_LEN, self.key_len);
+        if let Some(d) = self.data_type {
+            w.put_u32(NFTA_SET_DATA_TYPE, d);
+            w.put_u32(NFTA_SET_DATA_LEN, 0);
+        }
+        if let Some(size) = self.size {
+            w.nest(NFTA_SET_DESC, |w| w.put_u32(NFTA_SET_DESC_SIZE, size));
+        }
+        w.put_u32(NFTA_SET_ID, id);
+        if let Some(t) = self.timeout_ms {
+            w.put_u64(NFTA_SET_TIMEOUT, t);
+        }
+        if let Some(u) = &self.userdata {
+            w.put(NFTA_SET_USERDATA, u);
+        }
+        if let Some(t) = self.obj_type {
+            w.put_u32(NFTA_SET_OBJ_TYPE, t);
+        }
+    }
+
+    /// The attributes that name a set (a delete carries only these).
+    pub fn emit_name(table: &str, name: &str, w: &mut AttrWriter) {
+        w.put_str(NFTA_SET_TABLE, table);
+        w.put_str(NFTA_SET_NAME, name);
+    }
+
+    /// A named set of `table`, without its elements. Anonymous sets belong to
+    /// the rules that use them, not to the table's sets: `None`.
+    pub fn parse(buf: &[u8], table: &str) -> Result<Option<KernelSet>, ParseError> {
+        let mut set = KernelSet::default();
+        let mut tname = None;
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            let pl = Payload::new("set", k, p);
+            match k {
+                NFTA_SET_TABLE => tname = Some(pl.string()?),
+                NFTA_SET_NAME => set.name = pl.string()?,
+                NFTA_SET_FLAGS => set.flags = pl.u32()?,
+                NFTA_SET_KEY_TYPE => set.key_type = pl.u32()?,
+                NFTA_SET_KEY_LEN => set.key_len = pl.u32()?,
+                NFTA_SET_DATA_TYPE => set.data_type = Some(pl.u32()?),
+                NFTA_SET_DESC => {
+                    for a in Attrs::new(p) {
+                        let (k, v) = a?;
+                        if k == NFTA_SET_DESC_SIZE {
+                            set.size = Some(Payload::new("set desc", k, v).u32()?);
+                        }
+                    }
+                }
+                NFTA_SET_TIMEOUT => set.timeout_ms = Some(pl.u64()?),
+                NFTA_SET_USERDATA => set.userdata = Some(p.to_vec()),
+                NFTA_SET_OBJ_TYPE => set.obj_type = Some(pl.u32()?),
+                _ => {}
+            }
+        }
+        if tname.as_deref() != Some(table) || set.flags & SET_F_ANONYMOUS != 0 {
+            return Ok(None);
+        }
+        Ok(Some(set))
+    }
+}
+
+impl KernelElement {
+    /// One element of an element list; a delete names the key alone.
+    pub fn emit(&self, with_data: bool, w: &mut AttrWriter) {
+        w.nest(NFTA_LIST_ELEM, |w| {
+            w.nest(NFTA_SET_ELEM_KEY, |w| w.put(NFTA_DATA_VALUE, &self.key));
+            if !with_data {
+                return;
+            }
+            match &self.data {
+                Some(Mapped::Verdict(v)) => w.nest(NFTA_SET_ELEM_DATA, |w| {
+                    w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v))
+                }),
+                Some(Mapped::Counter(name)) => w.put_str(NFTA_SET_ELEM_OBJREF, name),
+                None => {}
+            }
+            if let Some(u) = &self.userdata {
+                w.put(NFTA_SET_ELEM_USERDATA, u);
+            }
+        });
+    }
+
+    /// The elements of an element-list message (NEWSETELEM, or a dump's answer).
+    pub fn parse_list(buf: &[u8]) -> Result<Vec<KernelElement>, ParseError> {
+        let mut out = Vec::new();
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            if k != NFTA_SET_ELEM_LIST_ELEMENTS {
+                continue;
+            }
+            for e in Attrs::new(p) {
+                let (_, ep) = e?;
+                let mut el = KernelElement {
+                    key: Vec::new(),
+                    data: None,
+                    userdata: None,
+                };
+                for f in Attrs::new(ep) {
+                    let (fk, fp) = f?;
+                    match fk {
+                        NFTA_SET_ELEM_KEY => {
+                            if let Data::Value(v) = parse_data(fp)? {
+                                el.key = v;
+                            }
+                        }
+                        NFTA_SET_ELEM_DATA => {
+                            if let Data::Verdict(v) = parse_data(fp)? {
+                                el.data = Some(Mapped::Verdict(v));
+                            }
+                        }
+                        NFTA_SET_ELEM_USERDATA => el.userdata = Some(fp.to_vec()),
+                        NFTA_SET_ELEM_OBJREF => {
+                            let name = Payload::new("element", fk, fp).string()?;
+                            el.data = Some(Mapped::Counter(name));
+                        }
+                        _ => {}
+                    }
+                }
+                out.push(el);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A counter object as a dump shows it, with its values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterReading {
+    pub counter: KernelCounter,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl KernelCounter {
+    /// A counter at zero (a create that finds it existing keeps its values).
+    pub fn emit(&self, table: &str, w: &mut AttrWriter) {
+        KernelCounter::emit_name(table, &self.name, w);
+        w.nest(NFTA_OBJ_DATA, |w| {
+            w.put_u64(NFTA_COUNTER_BYTES, 0);
+            w.put_u64(NFTA_COUNTER_PACKETS, 0);
+        });
+        if let Some(u) = &self.userdata {
+            w.put(NFTA_OBJ_USERDATA, u);
+        }
+    }
+
+    /// The attributes that name a counter (a delete carries only these).
+    pub fn emit_name(table: &str, name: &str, w: &mut AttrWriter) {
+        w.put_str(NFTA_OBJ_TABLE, table);
+        w.put_str(NFTA_OBJ_NAME, name);
+        w.put_u32(NFTA_OBJ_TYPE, OBJECT_COUNTER);
+    }
+
+    /// A counter of `table` with its values; `None` for other objects.
+    pub fn parse(buf: &[u8], table: &str) -> Result<Option<CounterReading>, ParseError> {
+        let (mut tname, mut name, mut kind, mut userdata) = (None, None, None, None);
+        let (mut packets, mut bytes) = (0, 0);
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            let pl = Payload::new("object", k, p);
+            match k {
+                NFTA_OBJ_TABLE => tname = Some(pl.string()?),
+                NFTA_OBJ_NAME => name = Some(pl.string()?),
+                NFTA_OBJ_TYPE => kind = Some(pl.u32()?),
+                NFTA_OBJ_DATA => {
+                    for c in Attrs::new(p) {
+                        let (ck, cp) = c?;
+                        match ck {
+                            NFTA_COUNTER_BYTES => bytes = Payload::new("counter", ck, cp).u64()?,
+                            NFTA_COUNTER_PACKETS => {
+                                packets = Payload::new("counter", ck, cp).u64()?
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                NFTA_OBJ_USERDATA => userdata = Some(p.to_vec()),
+                _ => {}
+            }
+        }
+        if tname.as_deref() != Some(table) || kind != Some(OBJECT_COUNTER) {
+            return Ok(None);
+        }
+        let Some(name) = name else {
+            return Ok(None);
+        };
+        Ok(Some(CounterReading {
+            counter: KernelCounter { name, userdata },
+            packets,
+            bytes,
+        }))
+    }
 }

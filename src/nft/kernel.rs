@@ -3,7 +3,7 @@
 //! and the whole-table operations of the one-shot commands (`apply`, `cleanup`,
 //! `kernel_matches`).
 
-use crate::netlink::nftables::{delete_tables, replace_tables};
+use crate::netlink::batch::{delete_tables, replace_tables};
 use crate::netlink::objects::{KernelChain, KernelTable};
 use crate::netlink::{Batch, Committed, NftError, NftSocket};
 use crate::nft::lower::lower_table;
@@ -27,11 +27,11 @@ pub trait NftKernel {
 
 impl NftKernel for NftSocket {
     fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError> {
-        NftSocket::read_view(self, table.family, table.name())
+        crate::nft::view::read_view(self, table.family, table.name())
     }
 
     fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError> {
-        NftSocket::read_chain_rules(self, table.family, table.name(), chain)
+        crate::nft::view::read_chain_rules(self, table.family, table.name(), chain)
     }
 
     fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError> {

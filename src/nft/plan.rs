@@ -7,7 +7,7 @@
 //! counter) are deleted before it. The whole plan commits atomically, so packets
 //! never see a half state.
 
-use crate::netlink::nftables::{replace_tables, Batch};
+use crate::netlink::batch::{replace_tables, Batch};
 use crate::netlink::objects::{
     KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable,
 };

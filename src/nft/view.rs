@@ -5,10 +5,10 @@
 
 use crate::netlink::attr::AttrWriter;
 use crate::netlink::expr::{Data, Expr, REG_1, REG_2};
-use crate::netlink::nftables::{
-    parse_chain, parse_elements, parse_set, NftError, NftSocket, GETCHAIN, GETSET, GETSETELEM,
+use crate::netlink::nftables::{NftError, NftSocket, TableVisitor};
+use crate::netlink::objects::{
+    CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, TableHeader,
 };
-use crate::netlink::objects::{KernelCounter, KernelElement, KernelRule, KernelSet};
 use crate::ruleset::{BaseChain, Family};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -120,95 +120,79 @@ pub fn rule_view(handle: u64, rule: &KernelRule) -> RuleView {
     }
 }
 
-impl NftSocket {
-    /// Reads one of our tables compactly; `None` if it does not exist.
-    pub fn read_view(&mut self, family: Family, name: &str) -> Result<Option<TableView>, NftError> {
-        let Some(userdata) = self.find_table(family, name)? else {
-            return Ok(None);
-        };
-        let mut chains = Vec::new();
-        self.dump_each(
-            GETCHAIN,
-            family,
-            |w| w.put_str(1, name),
-            |c| {
-                if let Some(ch) = parse_chain(c, name)? {
-                    chains.push(ChainView {
-                        name: ch.name,
-                        base: ch.base,
-                        userdata: ch.userdata,
-                        rules: Vec::new(),
-                    });
-                }
-                Ok(())
-            },
-        )?;
-        let chain_index: HashMap<String, usize> = chains
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.clone(), i))
-            .collect();
-        for chain in &mut chains {
-            chain.rules = self.read_chain_rules(family, name, &chain.name)?;
-        }
-        let mut sets = Vec::new();
-        self.dump_each(
-            GETSET,
-            family,
-            |w| w.put_str(1, name),
-            |s| {
-                if let Some(def) = parse_set(s, name)? {
-                    sets.push(SetView {
-                        def,
-                        elements: HashMap::new(),
-                    });
-                }
-                Ok(())
-            },
-        )?;
-        for set in &mut sets {
-            let set_name = set.def.name.clone();
-            self.dump_each(
-                GETSETELEM,
-                family,
-                |w| {
-                    w.put_str(1, name);
-                    w.put_str(2, &set_name);
-                },
-                |e| {
-                    for el in parse_elements(e)? {
-                        set.elements.insert(el.key.clone(), el);
-                    }
-                    Ok(())
-                },
-            )?;
-        }
-        let counters = self
-            .read_counters(family, name)?
-            .into_iter()
-            .map(|r| (r.counter.name.clone(), r.counter))
-            .collect();
-        Ok(Some(TableView {
-            family,
-            userdata,
-            counters,
-            sets,
-            chains,
-            chain_index,
-        }))
+/// The compact readback: each rule fingerprinted as it is decoded, and dropped.
+struct ViewBuilder(TableView);
+
+impl TableVisitor for ViewBuilder {
+    fn table(&mut self, header: TableHeader) {
+        self.0.userdata = header.userdata;
     }
 
-    /// Reads the rules of one chain (empty if the chain has none or does not exist).
-    pub fn read_chain_rules(
-        &mut self,
-        family: Family,
-        table: &str,
-        chain: &str,
-    ) -> Result<Vec<RuleView>, NftError> {
-        let mut rules = Vec::new();
-        self.each_chain_rule(family, table, chain, |r| {
-            rules.push(rule_view(r.handle.unwrap_or(0), &r))
-        })?;
-        Ok(rules)
+    fn chain(&mut self, chain: KernelChain) {
+        self.0
+            .chain_index
+            .insert(chain.name.clone(), self.0.chains.len());
+        self.0.chains.push(ChainView {
+            name: chain.name,
+            base: chain.base,
+            userdata: chain.userdata,
+            rules: Vec::new(),
+        });
     }
+
+    fn rule(&mut self, chain: &str, rule: KernelRule) {
+        if let Some(&i) = self.0.chain_index.get(chain) {
+            self.0.chains[i]
+                .rules
+                .push(rule_view(rule.handle.unwrap_or(0), &rule));
+        }
+    }
+
+    fn set(&mut self, def: KernelSet) {
+        self.0.sets.push(SetView {
+            def,
+            elements: HashMap::new(),
+        });
+    }
+
+    fn element(&mut self, set: &str, element: KernelElement) {
+        if let Some(s) = self.0.sets.iter_mut().rev().find(|s| s.def.name == set) {
+            s.elements.insert(element.key.clone(), element);
+        }
+    }
+
+    fn counter(&mut self, c: CounterReading) {
+        self.0.counters.insert(c.counter.name.clone(), c.counter);
+    }
+}
+
+/// Reads one of our tables compactly; `None` if it does not exist.
+pub fn read_view(
+    sock: &mut NftSocket,
+    family: Family,
+    name: &str,
+) -> Result<Option<TableView>, NftError> {
+    let mut b = ViewBuilder(TableView {
+        family,
+        userdata: None,
+        counters: HashMap::new(),
+        sets: Vec::new(),
+        chains: Vec::new(),
+        chain_index: HashMap::new(),
+    });
+    Ok(sock.walk_table(family, name, &mut b)?.then_some(b.0))
+}
+
+/// Reads the rules of one chain (empty if the chain has none or does not exist).
+pub fn read_chain_rules(
+    sock: &mut NftSocket,
+    family: Family,
+    table: &str,
+    chain: &str,
+) -> Result<Vec<RuleView>, NftError> {
+    let mut rules = Vec::new();
+    sock.each_chain_rule(family, table, chain, |r| {
+        rules.push(rule_view(r.handle.unwrap_or(0), &r))
+    })?;
+    Ok(rules)
 }
