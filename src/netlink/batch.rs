@@ -16,7 +16,7 @@ use crate::ruleset::{Family, TableId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-const NLM_F_REPLACE: u16 = 0x100;
+pub(crate) const NLM_F_REPLACE: u16 = 0x100;
 pub(crate) const NLM_F_CREATE: u16 = 0x400;
 pub(crate) const NLM_F_APPEND: u16 = 0x800;
 

@@ -472,6 +472,17 @@ impl KernelElement {
         });
     }
 
+    /// The set an element-list message is about.
+    pub fn list_set(buf: &[u8]) -> Result<Option<String>, ParseError> {
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            if k == NFTA_SET_ELEM_LIST_SET {
+                return Payload::new("element list", k, p).string().map(Some);
+            }
+        }
+        Ok(None)
+    }
+
     /// The elements of an element-list message (NEWSETELEM, or a dump's answer).
     pub fn parse_list(buf: &[u8]) -> Result<Vec<KernelElement>, ParseError> {
         let mut out = Vec::new();

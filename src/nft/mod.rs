@@ -6,12 +6,15 @@
 //! through a `kernel::NftKernel`.
 
 pub mod dataplane;
+pub mod fake;
 pub mod ipvs_helper;
 pub mod kernel;
 pub mod lower;
 pub mod names;
 pub mod plan;
 pub mod planner;
+#[cfg(test)]
+mod reconcile_tests;
 pub mod service;
 pub mod skeleton;
 pub mod slots;

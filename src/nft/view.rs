@@ -55,6 +55,28 @@ pub struct TableView {
 }
 
 impl TableView {
+    pub fn new(
+        family: Family,
+        userdata: Option<Vec<u8>>,
+        counters: HashMap<String, KernelCounter>,
+        sets: Vec<SetView>,
+        chains: Vec<ChainView>,
+    ) -> TableView {
+        let chain_index = chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.name.clone(), i))
+            .collect();
+        TableView {
+            family,
+            userdata,
+            counters,
+            sets,
+            chains,
+            chain_index,
+        }
+    }
+
     pub fn chain(&self, name: &str) -> Option<&ChainView> {
         self.chain_index.get(name).map(|&i| &self.chains[i])
     }
