@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use kube_nft::bench::{bench_service, bench_slice, service_key};
 use kube_nft::core::model::{ClusterState, ServiceKey};
+use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::dataplane::SyncKind;
 use kube_nft::engine::Proxy;
@@ -16,7 +17,7 @@ use kube_nft::netns::{in_netns, Netns};
 use kube_nft::nft::kernel;
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use kube_nft::nft::translate::{translate, Ruleset};
-use kube_nft::ruleset::{Family, Field, Rule, Stmt, TableId};
+use kube_nft::ruleset::{Field, Rule, Stmt, TableId};
 use std::net::IpAddr;
 
 fn config() -> NodeConfig {

@@ -11,6 +11,7 @@
 use crate::config::{DetectLocal, Settings, Source};
 use crate::core::convert::log_rejected;
 use crate::core::model::ClusterState;
+use crate::core::net::Family;
 use crate::core::node_config::{NodeConfig, NodePortAddresses};
 use crate::dataplane::SyncKind;
 use crate::engine::{Engine, SyncReport};
@@ -20,7 +21,7 @@ use crate::metrics::Metrics;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
 use crate::proxy_health::ProxyHealth;
-use crate::ruleset::{Family, TableId};
+use crate::ruleset::TableId;
 use crate::source::files::{self, ManifestStore};
 use crate::source::store::ClusterStore;
 use crate::source::{kubernetes, Update};

@@ -7,11 +7,11 @@
 //! path with its share of connections. Dynamic sets (session affinity) start
 //! empty here: the walk shows where a client new to the Service goes.
 
+use crate::core::net::{Family, Protocol};
 use crate::nft::names::{MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
 use crate::nft::translate::Ruleset;
 use crate::ruleset::{
-    Chain, ChainType, Direction, Element, Family, Field, Hook, KeyValue, Mapped, Protocol, Rule,
-    Stmt, Table, Verdict,
+    Chain, ChainType, Direction, Element, Field, Hook, KeyValue, Mapped, Rule, Stmt, Table, Verdict,
 };
 use crate::text;
 use std::fmt::{self, Write};

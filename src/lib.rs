@@ -31,3 +31,6 @@ pub mod source;
 pub mod stale_flows;
 pub mod text;
 pub mod top;
+
+#[cfg(test)]
+mod reconcile_tests;

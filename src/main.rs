@@ -278,7 +278,7 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
             counters: self.counters,
             masquerade_all: self.masquerade_all,
-            mode: backend_named(&self.proxy_mode),
+            mode: proxy_mode_named(&self.proxy_mode),
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -348,7 +348,7 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
-                mode: backend_named(&backend),
+                mode: proxy_mode_named(&backend),
                 ..NodeConfig::default()
             },
         })
@@ -406,7 +406,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 
 /// `--proxy-mode`/`--backend` of the one-shot commands (clap has checked the
 /// name): the backend with its default settings.
-fn backend_named(mode: &str) -> ProxyMode {
+fn proxy_mode_named(mode: &str) -> ProxyMode {
     match mode {
         "ipvs" => ProxyMode::Ipvs(IpvsSettings::default()),
         _ => ProxyMode::Nftables,

@@ -1,10 +1,12 @@
 //! The nftables objects kube-nft programs: tables, chains, rules, sets and elements.
 //!
-//! This is the vocabulary shared by `translate` (which builds it) and every backend
-//! (which writes it: netlink, or `nft -f` text). It speaks at the level a reader of
+//! This is the vocabulary shared by `nft::translate` (which builds it), `nft::lower`
+//! (which turns it into kernel objects), `text` (which prints it as `nft -f` input)
+//! and `explain` (which walks it). It speaks at the level a reader of
 //! `nft list ruleset` thinks in (`ip daddr @cluster-ips`, `dnat to A:P`); how each
-//! statement becomes kernel bytecode is the netlink backend's business, not this one's.
+//! statement becomes kernel bytecode is `nft::lower`'s business, not this one's.
 
+use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;
 use std::fmt;
 use std::net::IpAddr;
@@ -100,26 +102,8 @@ pub const DYNAMIC_SET_SIZE: u32 = 65535;
 /// nftables caps element, rule and chain comments at 128 bytes including the NUL.
 pub const MAX_COMMENT_LEN: usize = 127;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Family {
-    Ip,
-    Ip6,
-}
-
+/// What nftables calls and numbers each family.
 impl Family {
-    pub const ALL: [Family; 2] = [Family::Ip, Family::Ip6];
-
-    pub fn of(addr: &IpAddr) -> Family {
-        match addr {
-            IpAddr::V4(_) => Family::Ip,
-            IpAddr::V6(_) => Family::Ip6,
-        }
-    }
-
-    pub fn of_net(net: &IpNet) -> Family {
-        Family::of(&net.addr())
-    }
-
     /// The `nft` keyword, which is also the payload-expression prefix (`ip6 daddr`).
     pub fn keyword(self) -> &'static str {
         match self {
@@ -141,38 +125,6 @@ impl Family {
             Family::Ip => KeyType::Ipv4Addr,
             Family::Ip6 => KeyType::Ipv6Addr,
         }
-    }
-}
-
-/// Transport protocols a Service port can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Sctp,
-}
-
-impl Protocol {
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => 6,
-            Protocol::Udp => 17,
-            Protocol::Sctp => 132,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Sctp => "sctp",
-        }
-    }
-}
-
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -10,12 +10,12 @@
 //! load-balanced again. A deleted Service's destinations may reach nothing.
 
 use crate::core::model::{ClusterState, Service, ServiceKey};
+use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::{categorize, port_endpoints};
 use crate::dataplane::SyncKind;
 use crate::engine::SyncReport;
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
-use crate::ruleset::{Family, Protocol};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 

@@ -4,8 +4,9 @@
 //! `kube-nft render` prints this, and the parity tests load it with `nft -f` to
 //! check that our netlink encoder programs exactly what this text means.
 
+use crate::core::net::Family;
 use crate::ruleset::{
-    Chain, Direction, Element, Family, Field, Hook, MapData, NamedCounter, Rule, Set, Stmt, Table,
+    Chain, Direction, Element, Field, Hook, MapData, NamedCounter, Rule, Set, Stmt, Table,
     DYNAMIC_SET_SIZE,
 };
 use std::fmt::Write;
@@ -259,7 +260,8 @@ pub fn replace_script(tables: &[Table]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ruleset::{Protocol, Verdict};
+    use crate::core::net::Protocol;
+    use crate::ruleset::Verdict;
 
     #[test]
     fn statements_read_as_nft_lists_them() {

@@ -1,10 +1,11 @@
 //! `kube-nft top`: the Service ports ranked by traffic, from the named counters
 //! `--counters` keeps (one per Service port and family, see `translate`).
 
+use crate::core::net::Family;
 use crate::netlink::nftables::{NftError, NftSocket};
 use crate::netlink::objects::comment_of;
 use crate::netlink::objects::CounterReading;
-use crate::ruleset::{Family, TABLE_NAME};
+use crate::ruleset::TABLE_NAME;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 

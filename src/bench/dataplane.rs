@@ -30,15 +30,15 @@ pub struct DataResult {
     pub failed: usize,
 }
 
-/// The backend: accepts and drops connections, as cheaply as possible.
-struct Backend {
+/// The pods' server: accepts and drops connections, as cheaply as possible.
+struct EchoServer {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     netns: String,
 }
 
-impl Backend {
-    fn start(netns: &str) -> Result<Backend, String> {
+impl EchoServer {
+    fn start(netns: &str) -> Result<EchoServer, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -61,7 +61,7 @@ impl Backend {
             }
         });
         rx.recv().map_err(|e| e.to_string())??;
-        Ok(Backend {
+        Ok(EchoServer {
             stop,
             thread: Some(thread),
             netns: netns.to_string(),
@@ -69,7 +69,7 @@ impl Backend {
     }
 }
 
-impl Drop for Backend {
+impl Drop for EchoServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Wake the blocked accept from inside the pod's namespace, on its loopback.
@@ -252,7 +252,7 @@ pub fn data_plane(
         .ns
         .name
         .clone();
-    let _server = Backend::start(&pod_ns)?;
+    let _server = EchoServer::start(&pod_ns)?;
     sysctl_in(
         &topo.node.name,
         "net.netfilter.nf_conntrack_tcp_timeout_close",

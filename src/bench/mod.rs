@@ -14,11 +14,11 @@ use crate::core::model::{
     ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,
     ServicePort, TargetPort,
 };
+use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::engine::Proxy;
 use crate::netns::{in_netns, Netns};
 use crate::nft::translate::translate;
-use crate::ruleset::{Family, Protocol};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;

@@ -4,7 +4,7 @@
 //! leave alone (ExternalName, headless, another proxy's) are skipped, not rejected.
 
 use crate::core::model::*;
-use crate::ruleset::{Family, Protocol};
+use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;

@@ -5,5 +5,6 @@
 
 pub mod convert;
 pub mod model;
+pub mod net;
 pub mod node_config;
 pub mod policy;

@@ -2,7 +2,7 @@
 //! endpoints merged from every EndpointSlice. Plain data, the same for every
 //! dataplane; `convert` is the only way in from the Kubernetes API types.
 
-use crate::ruleset::{Family, Protocol};
+use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -4,7 +4,7 @@
 //! the config file and the per-Service annotation).
 
 use crate::core::model::NodeInfo;
-use crate::ruleset::Family;
+use crate::core::net::Family;
 use ipnet::IpNet;
 use std::fmt;
 use std::net::IpAddr;

@@ -3,7 +3,7 @@
 //! (`Cluster` or `Local`). Every dataplane picks endpoints through here.
 
 use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
-use crate::ruleset::Family;
+use crate::core::net::Family;
 
 /// The endpoints of one Service port in one family, merged over its slices.
 pub fn port_endpoints(

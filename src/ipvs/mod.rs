@@ -13,11 +13,11 @@
 pub mod servers;
 
 use crate::core::model::{ClusterState, Service, ServiceKey};
+use crate::core::net::Family;
 use crate::core::node_config::{IpvsSettings, NodeConfig};
 use crate::dataplane::{Dataplane, SyncError, Written};
 use crate::netlink::ipvs::{Command, IpvsError, IpvsSocket, VirtualKey};
 use crate::netlink::route::{self, RouteError};
-use crate::ruleset::Family;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 

@@ -4,10 +4,10 @@
 //! another.
 
 use crate::core::model::{ClusterState, Service};
+use crate::core::net::Family;
 use crate::core::node_config::{IpvsSettings, NodeConfig};
 use crate::core::policy::{categorize, port_endpoints};
 use crate::netlink::ipvs::{Command, RealServer, VirtualKey, VirtualService};
-use crate::ruleset::Family;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
@@ -161,8 +161,8 @@ pub fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::net::Protocol;
     use crate::core::node_config::ProxyMode;
-    use crate::ruleset::Protocol;
 
     fn vs(port: u16, reals: &[(&str, u32)]) -> (VirtualKey, VirtualServer) {
         let key = VirtualKey {

@@ -9,12 +9,12 @@ pub mod hostname_server;
 pub mod topology;
 
 use crate::core::convert::{build_state, Objects};
+use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::usable_endpoints;
 use crate::engine::Proxy;
 use crate::nft::dataplane::NftDataplane;
 use crate::nft::names::CHAIN_SERVICES;
-use crate::ruleset::{Family, Protocol};
 use crate::source::files::{self, Loaded};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader};

@@ -12,7 +12,8 @@ use super::objects::{
     KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, TableHeader,
     NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
 };
-use crate::ruleset::{Family, TableId};
+use crate::core::net::Family;
+use crate::ruleset::TableId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 

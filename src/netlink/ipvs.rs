@@ -12,7 +12,7 @@ use super::genl::{put_genl_header, GenlError, GenlSocket, GENL_HDRLEN};
 use super::message::{
     finish_msg, parse_error, split_messages, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use crate::ruleset::Protocol;
+use crate::core::net::Protocol;
 use std::fmt;
 use std::net::IpAddr;
 

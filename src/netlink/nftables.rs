@@ -12,7 +12,7 @@ use super::objects::{
     CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable,
     TableHeader, OBJECT_COUNTER,
 };
-use crate::ruleset::Family;
+use crate::core::net::Family;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use rustix::net::{SendAncillaryBuffer, SendFlags};
 use std::io::{self, IoSlice};

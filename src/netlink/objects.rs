@@ -13,7 +13,8 @@ use super::attr::{AttrWriter, Attrs, ParseError, Payload};
 use super::expr::{
     parse_data, parse_list, write_verdict, Data, Expr, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
 };
-use crate::ruleset::{BaseChain, ChainType, Family, Hook, Mapped};
+use crate::core::net::Family;
+use crate::ruleset::{BaseChain, ChainType, Hook, Mapped};
 
 // enum nft_table_attributes
 const NFTA_TABLE_NAME: u16 = 1;

@@ -12,6 +12,7 @@
 //! Clones share one kernel, so a test can keep a handle on what a dataplane
 //! writes, and start a second dataplane (a restart) over the same state.
 
+use crate::core::net::Family;
 use crate::netlink::batch::{
     Batch, DELCHAIN, DELOBJ, DELRULE, DELSET, DELSETELEM, DELTABLE, NEWCHAIN, NEWOBJ, NEWRULE,
     NEWSET, NEWSETELEM, NEWTABLE, NLM_F_APPEND, NLM_F_REPLACE,
@@ -24,7 +25,7 @@ use crate::netlink::objects::{
 use crate::netlink::{Committed, NftError};
 use crate::nft::kernel::NftKernel;
 use crate::nft::view::{rule_view, ChainView, RuleView, SetView, TableView};
-use crate::ruleset::{Family, Mapped, TableId, Verdict};
+use crate::ruleset::{Mapped, TableId, Verdict};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;

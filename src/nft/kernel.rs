@@ -3,13 +3,14 @@
 //! and the whole-table operations of the one-shot commands (`apply`, `cleanup`,
 //! `kernel_matches`).
 
+use crate::core::net::Family;
 use crate::netlink::batch::{delete_tables, replace_tables};
 use crate::netlink::objects::{KernelChain, KernelTable};
 use crate::netlink::{Batch, Committed, NftError, NftSocket};
 use crate::nft::lower::lower_table;
 use crate::nft::translate::Ruleset;
 use crate::nft::view::{RuleView, TableView};
-use crate::ruleset::{Family, TableId};
+use crate::ruleset::TableId;
 use std::collections::HashMap;
 
 /// What the nftables dataplane needs of a kernel: compact readback of one of our

@@ -6,14 +6,15 @@
 //! rules as if `nft -f` had loaded them. Readback decodes the kernel into the same
 //! `Kernel*` types, which is what makes desired and actual comparable.
 
+use crate::core::net::Family;
 use crate::netlink::expr::{
     reg32, CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
     NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1, REG_2, REG_VERDICT,
 };
 use crate::netlink::objects::*;
 use crate::ruleset::{
-    Chain, Direction, Element, Family, Field, KeyType, KeyValue, MapData, NamedCounter, Rule, Set,
-    Stmt, Table, DYNAMIC_SET_SIZE,
+    Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedCounter, Rule, Set, Stmt,
+    Table, DYNAMIC_SET_SIZE,
 };
 use std::net::IpAddr;
 
@@ -163,7 +164,7 @@ pub fn lower_rule(family: Family, rule: &Rule) -> KernelRule {
     if rule.stmts.contains(&Stmt::RejectTcpReset) {
         lower_stmt(
             family,
-            &Stmt::L4Proto(crate::ruleset::Protocol::Tcp),
+            &Stmt::L4Proto(crate::core::net::Protocol::Tcp),
             &mut exprs,
         );
     }
@@ -430,7 +431,7 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ruleset::Protocol;
+    use crate::core::net::Protocol;
 
     // Expected bytecode below is what `nft --debug=netlink` 1.0.6 prints for the rule.
 

@@ -13,8 +13,6 @@ pub mod lower;
 pub mod names;
 pub mod plan;
 pub mod planner;
-#[cfg(test)]
-mod reconcile_tests;
 pub mod service;
 pub mod skeleton;
 pub mod slots;

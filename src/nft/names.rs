@@ -3,8 +3,9 @@
 //! that they stay unique and stable when truncated to nftables' limits.
 
 use crate::core::model::{Service, ServicePort};
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
-use crate::ruleset::{Family, TableId, SERVICE_SHARDS};
+use crate::ruleset::{TableId, SERVICE_SHARDS};
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const MAP_SERVICE_IPS: &str = "service-ips";

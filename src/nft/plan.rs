@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn a_plan_goes_phase_by_phase_and_a_rebuilt_table_drops_its_other_operations() {
-        use crate::ruleset::Family;
+        use crate::core::net::Family;
         let (main, shard) = (TableId::main(Family::Ip), TableId::shard(Family::Ip, 3));
         let chain = |name: &str, rules: Vec<KernelRule>| KernelChain {
             name: name.into(),

@@ -9,6 +9,7 @@
 //!   it edits.
 
 use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
 use crate::nft::kernel::Views;
@@ -20,7 +21,7 @@ use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{SlotHints, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, translate_with_hints, Ruleset};
 use crate::nft::view::{slots, RuleView, TableView};
-use crate::ruleset::{Family, Mapped, TableId};
+use crate::ruleset::{Mapped, TableId};
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 

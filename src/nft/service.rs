@@ -3,14 +3,15 @@
 //! elements, affinity sets, counters and hairpin addresses.
 
 use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::{categorize, port_endpoints};
 use crate::nft::ipvs_helper::*;
 use crate::nft::names::*;
 use crate::nft::slots::*;
 use crate::ruleset::{
-    clamp_comment, Chain, Element, Family, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt,
-    TableId, Verdict,
+    clamp_comment, Chain, Element, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt, TableId,
+    Verdict,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;

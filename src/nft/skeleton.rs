@@ -2,12 +2,13 @@
 //! depend on Services, for the main table and for a Service table, and the
 //! `--counters` additions. `nft-templates/skeleton.nft` shows it as text.
 
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::nft::ipvs_helper::*;
 use crate::nft::names::*;
 use crate::ruleset::{
-    BaseChain, Chain, ChainType, Direction, Family, Field, Hook, KeyType, MapData, Rule, Set, Stmt,
-    Table, TableId, Verdict, SERVICE_SHARDS, TABLE_NAME,
+    BaseChain, Chain, ChainType, Direction, Field, Hook, KeyType, MapData, Rule, Set, Stmt, Table,
+    TableId, Verdict, SERVICE_SHARDS, TABLE_NAME,
 };
 
 pub(super) fn base(

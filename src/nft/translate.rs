@@ -18,12 +18,13 @@
 
 use crate::core::convert::{validate, Objects, Validated};
 use crate::core::model::ClusterState;
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::nft::names::*;
 use crate::nft::service::*;
 use crate::nft::skeleton::*;
 use crate::nft::slots::*;
-use crate::ruleset::{Element, Family, KeyValue, Table, TableId};
+use crate::ruleset::{Element, KeyValue, Table, TableId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -171,8 +172,9 @@ mod tests {
         ServiceKey, ServicePort, TargetPort,
     };
 
+    use crate::core::net::Protocol;
     use crate::nft::slots::assign_slots;
-    use crate::ruleset::{Chain, Mapped, Protocol, Stmt, Verdict, SERVICE_SHARDS};
+    use crate::ruleset::{Chain, Mapped, Stmt, Verdict, SERVICE_SHARDS};
     use std::net::IpAddr;
 
     fn key(name: &str) -> ServiceKey {

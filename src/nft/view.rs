@@ -3,13 +3,14 @@
 //! definition and elements. Enough to diff against, at a fraction of the memory of
 //! the decoded rules (100k rules: a few MiB).
 
+use crate::core::net::Family;
 use crate::netlink::attr::AttrWriter;
 use crate::netlink::expr::{Data, Expr, REG_1, REG_2};
 use crate::netlink::nftables::{NftError, NftSocket, TableVisitor};
 use crate::netlink::objects::{
     CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, TableHeader,
 };
-use crate::ruleset::{BaseChain, Family};
+use crate::ruleset::BaseChain;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;

@@ -5,6 +5,7 @@
 
 use crate::bench::{bench_service, bench_slice, service_key};
 use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::dataplane::SyncKind;
 use crate::engine::{Engine, Proxy};
@@ -15,7 +16,7 @@ use crate::nft::fake::FakeKernel;
 use crate::nft::kernel::{lowered, same_table, NftKernel};
 use crate::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use crate::nft::translate::{translate, Ruleset};
-use crate::ruleset::{Family, Field, Rule, Stmt, TableId};
+use crate::ruleset::{Field, Rule, Stmt, TableId};
 use std::net::IpAddr;
 
 fn config() -> NodeConfig {

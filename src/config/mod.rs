@@ -1,0 +1,379 @@
+//! kube-proxy's configuration: its flags and its `KubeProxyConfiguration`
+//! (`kubeproxy.config.k8s.io/v1alpha1`) file, resolved into what `run` needs.
+//!
+//! A flag given on the command line wins over the file, and the file over the
+//! defaults (kube-proxy's nftables defaults). Every field of the v1alpha1 schema
+//! is known here: a field we implement is used, a field we do not is accepted only
+//! at its zero value (kubeadm writes them all), and anything else, including a
+//! misspelt field, stops the start with a message naming the field.
+
+use crate::core::node_config::check_scheduler;
+use crate::core::node_config::{
+    IpvsSettings, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+};
+use crate::source::kubernetes::Connection;
+use ipnet::IpNet;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+mod file;
+use file::FileConfig;
+
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+pub const DEFAULT_HEALTHZ_BIND_ADDRESS: &str = "0.0.0.0:10256";
+pub const DEFAULT_METRICS_BIND_ADDRESS: &str = "127.0.0.1:10249";
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
+
+/// The settings that come as flags; `None` means not given.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    pub config: Option<PathBuf>,
+    pub manifests: Vec<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
+    pub hostname_override: Option<String>,
+    pub proxy_mode: Option<String>,
+    pub ipvs_scheduler: Option<String>,
+    pub ipvs_strict_arp: Option<bool>,
+    pub ipvs_exclude_cidrs: Option<Vec<IpNet>>,
+    pub cluster_cidr: Option<Vec<IpNet>>,
+    pub service_cidr: Option<Vec<IpNet>>,
+    pub nodeport_addresses: Option<String>,
+    pub masquerade_all: Option<bool>,
+    pub masquerade_bit: Option<u8>,
+    pub detect_local_mode: Option<String>,
+    /// `Some("")` turns the server off.
+    pub healthz_bind_address: Option<String>,
+    pub metrics_bind_address: Option<String>,
+    pub sync_period: Option<Duration>,
+    pub min_sync_period: Option<Duration>,
+    pub counters: bool,
+}
+
+/// `detectLocalMode`: what makes traffic "from a pod" (not masqueraded, and
+/// short-circuited to local endpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DetectLocal {
+    /// The source is inside `clusterCIDR`.
+    #[default]
+    ClusterCidr,
+    /// The source is inside this node's `spec.podCIDRs`.
+    NodeCidr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Manifests(Vec<PathBuf>),
+    Api(ConnectionSettings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
+}
+
+impl ConnectionSettings {
+    pub fn connection(&self) -> Connection {
+        Connection {
+            kubeconfig: self.kubeconfig.clone(),
+            master: self.master.clone(),
+        }
+    }
+}
+
+/// Everything `run` needs, resolved and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub source: Source,
+    pub node_name: String,
+    pub node: NodeConfig,
+    pub detect_local: DetectLocal,
+    /// The Service CIDRs were not given: take them from ServiceCIDR objects.
+    pub service_cidrs_from_api: bool,
+    pub healthz_bind_address: Option<SocketAddr>,
+    pub metrics_bind_address: Option<SocketAddr>,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub oom_score_adj: Option<i32>,
+}
+
+/// Parses a Go duration as Kubernetes writes them (`30s`, `1m30s`, `500ms`, `2h`),
+/// or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (like 30s, 500ms, 1m30s)");
+    let text = s.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        return (secs >= 0.0)
+            .then(|| Duration::from_secs_f64(secs))
+            .ok_or_else(bad);
+    }
+    let mut rest = text;
+    let mut total = 0.0;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .ok_or_else(bad)?;
+        let n: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            unit => {
+                return Err(format!(
+                    "{s:?}: unknown unit {unit:?} (ns, us, ms, s, m, h)"
+                ))
+            }
+        };
+        total += n * scale;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// `nodePortAddresses` / `--nodeport-addresses` (comma-separated): `primary`, or
+/// CIDRs and `all`.
+fn nodeport_addresses(list: &str, field: &str) -> Result<NodePortAddresses, String> {
+    list.parse().map_err(|e| format!("{field}: {e}"))
+}
+
+fn cidr_list(text: &str, field: &str) -> Result<Vec<IpNet>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.parse::<IpNet>()
+                .map(|n| n.trunc())
+                .map_err(|_| format!("{field}: {c:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
+    match mode {
+        "" | "ClusterCIDR" => Ok(DetectLocal::ClusterCidr),
+        "NodeCIDR" => Ok(DetectLocal::NodeCidr),
+        "BridgeInterface" | "InterfaceNamePrefix" => Err(format!(
+            "{field}: {mode} is not supported by kube-nft (ClusterCIDR and NodeCIDR are)"
+        )),
+        other => Err(format!(
+            "{field}: {other:?} is not a mode (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)"
+        )),
+    }
+}
+
+/// `mode` / `--proxy-mode`: whether the mode is IPVS.
+fn check_mode(mode: &str, field: &str) -> Result<bool, String> {
+    match mode {
+        "" | "nftables" => Ok(false),
+        "ipvs" => Ok(true),
+        other => Err(format!(
+            "{field}: {other:?} is not supported by kube-nft (nftables or ipvs)"
+        )),
+    }
+}
+
+/// `HOST:PORT`; empty means off.
+fn bind_address(text: &str, field: &str) -> Result<Option<SocketAddr>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|_| format!("{field}: {text:?} is not an address and port (like 0.0.0.0:10256)"))
+}
+
+/// Fails naming `field` unless `value` is its zero value (unset, false, 0, "").
+fn must_be_unset<T: PartialEq + Default + std::fmt::Debug>(
+    field: &str,
+    value: &Option<T>,
+    why: &str,
+) -> Result<(), String> {
+    match value {
+        Some(v) if *v != T::default() => Err(format!("{field}: set to {v:?}, but {why}")),
+        _ => Ok(()),
+    }
+}
+
+/// A duration field: unset or "0s" is `None`.
+fn duration_field(field: &str, value: &Option<String>) -> Result<Option<Duration>, String> {
+    match value.as_deref() {
+        None | Some("") => Ok(None),
+        Some(text) => {
+            let d = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
+            Ok((!d.is_zero()).then_some(d))
+        }
+    }
+}
+
+fn masquerade_bit(field: &str, bit: Option<i32>) -> Result<Option<u8>, String> {
+    match bit {
+        None => Ok(None),
+        Some(b) if (0..=31).contains(&b) => Ok(Some(b as u8)),
+        Some(b) => Err(format!("{field}: {b} is not in 0..=31")),
+    }
+}
+
+/// Reads the file (if any) and merges it with the flags.
+pub fn resolve(flags: &Flags) -> Result<Settings, String> {
+    let file = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            FileConfig::parse(&text, path)?
+        }
+        None => FileConfig::default(),
+    };
+    let ipvs_mode = match &flags.proxy_mode {
+        Some(mode) => check_mode(mode, "--proxy-mode")?,
+        None => check_mode(file.mode.as_deref().unwrap_or_default(), "mode")?,
+    };
+    let nft = file.nftables.unwrap_or_default();
+    let ipvs = file.ipvs.unwrap_or_default();
+    let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+
+    let source = if !flags.manifests.is_empty() {
+        if flags.kubeconfig.is_some() || flags.master.is_some() {
+            return Err("--manifests and --kubeconfig/--master are two sources; give one".into());
+        }
+        Source::Manifests(flags.manifests.clone())
+    } else {
+        let kubeconfig = flags.kubeconfig.clone().or_else(|| {
+            non_empty(&file.client_connection.and_then(|c| c.kubeconfig)).map(PathBuf::from)
+        });
+        Source::Api(ConnectionSettings {
+            kubeconfig,
+            master: flags.master.clone(),
+        })
+    };
+
+    let node_name = match flags
+        .hostname_override
+        .clone()
+        .or_else(|| non_empty(&file.hostname_override))
+    {
+        Some(name) => name,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map_err(|e| format!("reading this host's name (give --hostname-override): {e}"))?,
+    }
+    .trim()
+    .to_lowercase();
+
+    let cluster_cidrs = match (&flags.cluster_cidr, non_empty(&file.cluster_cidr)) {
+        (Some(c), _) => c.clone(),
+        (None, Some(text)) => cidr_list(&text, "clusterCIDR")?,
+        (None, None) => Vec::new(),
+    };
+    let nodeport_addresses = match (&flags.nodeport_addresses, &file.node_port_addresses) {
+        (Some(text), _) => nodeport_addresses(text, "--nodeport-addresses")?,
+        (None, Some(list)) => nodeport_addresses(&list.join(","), "nodePortAddresses")?,
+        (None, None) => NodePortAddresses::Primary,
+    };
+    let masquerade_bit = match flags.masquerade_bit {
+        Some(b) => b,
+        None => masquerade_bit("nftables.masqueradeBit", nft.masquerade_bit)?
+            .unwrap_or(DEFAULT_MASQUERADE_BIT),
+    };
+    let detect_local = match &flags.detect_local_mode {
+        Some(m) => detect_local(m, "--detect-local-mode")?,
+        None => detect_local(
+            file.detect_local_mode.as_deref().unwrap_or_default(),
+            "detectLocalMode",
+        )?,
+    };
+    let bind = |flag: &Option<String>, field: &str, from_file: &Option<String>, default: &str| {
+        match flag {
+            Some(text) => bind_address(text, &format!("--{field}")),
+            None => bind_address(non_empty(from_file).as_deref().unwrap_or(default), field),
+        }
+    };
+    let node = NodeConfig {
+        cluster_cidrs,
+        service_cidrs: flags.service_cidr.clone().unwrap_or_default(),
+        masquerade_bit,
+        nodeport_addresses,
+        local_addresses: Vec::new(),
+        counters: flags.counters,
+        masquerade_all: flags.masquerade_all.or(nft.masquerade_all).unwrap_or(false),
+        mode: if ipvs_mode {
+            ProxyMode::Ipvs(IpvsSettings {
+                scheduler: flags
+                    .ipvs_scheduler
+                    .clone()
+                    .or_else(|| non_empty(&ipvs.scheduler))
+                    .unwrap_or_else(|| IpvsSettings::default().scheduler),
+                strict_arp: flags.ipvs_strict_arp.or(ipvs.strict_arp).unwrap_or(false),
+                exclude_cidrs: match &flags.ipvs_exclude_cidrs {
+                    Some(c) => c.clone(),
+                    None => {
+                        let mut out = Vec::new();
+                        for (i, c) in ipvs.exclude_cidrs.iter().flatten().enumerate() {
+                            out.extend(cidr_list(c, &format!("ipvs.excludeCIDRs[{i}]"))?);
+                        }
+                        out
+                    }
+                },
+            })
+        } else {
+            ProxyMode::Nftables
+        },
+    };
+    node.validate().map_err(|e| e.to_string())?;
+    if detect_local == DetectLocal::ClusterCidr && node.cluster_cidrs.is_empty() {
+        tracing::warn!(
+            "no cluster CIDR (--cluster-cidr or clusterCIDR): traffic from pods to ClusterIPs is not told from other traffic"
+        );
+    }
+    Ok(Settings {
+        source,
+        node_name,
+        service_cidrs_from_api: flags.service_cidr.is_none(),
+        node,
+        detect_local,
+        healthz_bind_address: bind(
+            &flags.healthz_bind_address,
+            "healthz-bind-address",
+            &file.healthz_bind_address,
+            DEFAULT_HEALTHZ_BIND_ADDRESS,
+        )?,
+        metrics_bind_address: bind(
+            &flags.metrics_bind_address,
+            "metrics-bind-address",
+            &file.metrics_bind_address,
+            DEFAULT_METRICS_BIND_ADDRESS,
+        )?,
+        sync_period: match flags.sync_period {
+            Some(d) => d,
+            None if ipvs_mode => {
+                duration_field("ipvs.syncPeriod", &ipvs.sync_period)?.unwrap_or(DEFAULT_SYNC_PERIOD)
+            }
+            None => duration_field("nftables.syncPeriod", &nft.sync_period)?
+                .unwrap_or(DEFAULT_SYNC_PERIOD),
+        },
+        min_sync_period: match flags.min_sync_period {
+            Some(d) => d,
+            None if ipvs_mode => duration_field("ipvs.minSyncPeriod", &ipvs.min_sync_period)?
+                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
+            None => duration_field("nftables.minSyncPeriod", &nft.min_sync_period)?
+                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
+        },
+        oom_score_adj: file.oom_score_adj,
+    })
+}
+
+#[cfg(test)]
+mod tests;
