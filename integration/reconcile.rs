@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use kube_nft::bench::{bench_service, bench_slice, service_key};
-use kube_nft::core::model::{ClusterState, ServiceKey};
+use kube_nft::bench::{add_bench_service, service_key, set_bench_endpoints, test_endpoint};
+
 use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::dataplane::SyncKind;
@@ -18,7 +18,6 @@ use kube_nft::nft::kernel;
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use kube_nft::nft::translate::{translate, Ruleset};
 use kube_nft::ruleset::{Field, Rule, Stmt, TableId};
-use std::net::IpAddr;
 
 fn config() -> NodeConfig {
     NodeConfig {
@@ -30,31 +29,6 @@ fn config() -> NodeConfig {
         masquerade_bit: 14,
         ..NodeConfig::default()
     }
-}
-
-fn key(i: usize) -> ServiceKey {
-    service_key(i)
-}
-
-fn ep_addr(i: usize, j: usize) -> IpAddr {
-    IpAddr::from((0x0a80_0000u32 + (i * 16 + j) as u32).to_be_bytes())
-}
-
-/// Adds Service `i` (the benchmark's synthetic Service: TCP 80 → 8080) with `n`
-/// ready endpoints.
-fn add_service(p: &mut Proxy, i: usize, n: usize) {
-    p.update(&key(i), |state| {
-        state.services.insert(key(i), bench_service(i));
-        set_endpoints(state, i, &(0..n).map(|j| ep_addr(i, j)).collect::<Vec<_>>());
-    });
-}
-
-fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
-    state
-        .slices
-        .entry(key(i))
-        .or_default()
-        .insert(bench_slice(i, addrs));
 }
 
 /// Runs `f` with a proxy inside a fresh namespace.
@@ -108,7 +82,7 @@ fn partial_syncs_keep_counters_in_step() {
 fn check_partial_syncs(tag: &str, config: NodeConfig) {
     with_proxier_config(tag, config, |p| {
         for i in 0..20 {
-            add_service(p, i, 1 + i % 5);
+            add_bench_service(p, i, 1 + i % 5);
         }
         assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
         assert!(p.verify().unwrap());
@@ -116,16 +90,16 @@ fn check_partial_syncs(tag: &str, config: NodeConfig) {
             (
                 "add an endpoint",
                 Box::new(|p| {
-                    p.update(&key(3), |s| {
-                        set_endpoints(
+                    p.update(&service_key(3), |s| {
+                        set_bench_endpoints(
                             s,
                             3,
                             &[
-                                ep_addr(3, 0),
-                                ep_addr(3, 1),
-                                ep_addr(3, 2),
-                                ep_addr(3, 3),
-                                ep_addr(3, 9),
+                                test_endpoint(3, 0),
+                                test_endpoint(3, 1),
+                                test_endpoint(3, 2),
+                                test_endpoint(3, 3),
+                                test_endpoint(3, 9),
                             ],
                         )
                     })
@@ -134,11 +108,16 @@ fn check_partial_syncs(tag: &str, config: NodeConfig) {
             (
                 "remove a middle endpoint",
                 Box::new(|p| {
-                    p.update(&key(4), |s| {
-                        set_endpoints(
+                    p.update(&service_key(4), |s| {
+                        set_bench_endpoints(
                             s,
                             4,
-                            &[ep_addr(4, 0), ep_addr(4, 2), ep_addr(4, 3), ep_addr(4, 4)],
+                            &[
+                                test_endpoint(4, 0),
+                                test_endpoint(4, 2),
+                                test_endpoint(4, 3),
+                                test_endpoint(4, 4),
+                            ],
                         )
                     })
                 }),
@@ -146,62 +125,95 @@ fn check_partial_syncs(tag: &str, config: NodeConfig) {
             (
                 "replace an endpoint",
                 Box::new(|p| {
-                    p.update(&key(2), |s| {
-                        set_endpoints(s, 2, &[ep_addr(2, 0), ep_addr(2, 7), ep_addr(2, 2)])
+                    p.update(&service_key(2), |s| {
+                        set_bench_endpoints(
+                            s,
+                            2,
+                            &[
+                                test_endpoint(2, 0),
+                                test_endpoint(2, 7),
+                                test_endpoint(2, 2),
+                            ],
+                        )
                     })
                 }),
             ),
             (
                 "remove every endpoint",
-                Box::new(|p| p.update(&key(1), |s| set_endpoints(s, 1, &[]))),
+                Box::new(|p| p.update(&service_key(1), |s| set_bench_endpoints(s, 1, &[]))),
             ),
             (
                 "endpoints come back",
-                Box::new(|p| p.update(&key(1), |s| set_endpoints(s, 1, &[ep_addr(1, 5)]))),
+                Box::new(|p| {
+                    p.update(&service_key(1), |s| {
+                        set_bench_endpoints(s, 1, &[test_endpoint(1, 5)])
+                    })
+                }),
             ),
             (
                 "delete a Service",
                 Box::new(|p| {
-                    p.update(&key(0), |s| {
-                        s.services.remove(&key(0));
-                        s.slices.remove(&key(0));
+                    p.update(&service_key(0), |s| {
+                        s.services.remove(&service_key(0));
+                        s.slices.remove(&service_key(0));
                     })
                 }),
             ),
-            ("add a Service", Box::new(|p| add_service(p, 40, 3))),
+            ("add a Service", Box::new(|p| add_bench_service(p, 40, 3))),
             (
                 "two Services share an endpoint address",
-                Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(6, 0)]))),
+                Box::new(|p| {
+                    p.update(&service_key(5), |s| {
+                        set_bench_endpoints(s, 5, &[test_endpoint(6, 0)])
+                    })
+                }),
             ),
             (
                 "and one lets it go",
-                Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(5, 0)]))),
+                Box::new(|p| {
+                    p.update(&service_key(5), |s| {
+                        set_bench_endpoints(s, 5, &[test_endpoint(5, 0)])
+                    })
+                }),
             ),
             (
                 "session affinity turned on (a timeout set per endpoint)",
                 Box::new(|p| {
-                    p.update(&key(7), |s| {
-                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = Some(600)
+                    p.update(&service_key(7), |s| {
+                        s.services
+                            .get_mut(&service_key(7))
+                            .unwrap()
+                            .affinity_timeout = Some(600)
                     })
                 }),
             ),
             (
                 "an affinity endpoint leaves, its set with it",
-                Box::new(|p| p.update(&key(7), |s| set_endpoints(s, 7, &[ep_addr(7, 1)]))),
+                Box::new(|p| {
+                    p.update(&service_key(7), |s| {
+                        set_bench_endpoints(s, 7, &[test_endpoint(7, 1)])
+                    })
+                }),
             ),
             (
                 "a new affinity timeout (new sets, old ones deleted)",
                 Box::new(|p| {
-                    p.update(&key(7), |s| {
-                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = Some(60)
+                    p.update(&service_key(7), |s| {
+                        s.services
+                            .get_mut(&service_key(7))
+                            .unwrap()
+                            .affinity_timeout = Some(60)
                     })
                 }),
             ),
             (
                 "session affinity turned off",
                 Box::new(|p| {
-                    p.update(&key(7), |s| {
-                        s.services.get_mut(&key(7)).unwrap().affinity_timeout = None
+                    p.update(&service_key(7), |s| {
+                        s.services
+                            .get_mut(&service_key(7))
+                            .unwrap()
+                            .affinity_timeout = None
                     })
                 }),
             ),
@@ -225,12 +237,20 @@ fn check_partial_syncs(tag: &str, config: NodeConfig) {
 fn restart_over_a_correct_ruleset_writes_nothing() {
     with_proxier("restart", |p| {
         for i in 0..50 {
-            add_service(p, i, 4);
+            add_bench_service(p, i, 4);
         }
         p.sync().unwrap();
         // Move endpoints around so the kernel's slots differ from a fresh computation.
-        p.update(&key(7), |s| {
-            set_endpoints(s, 7, &[ep_addr(7, 3), ep_addr(7, 1), ep_addr(7, 9)])
+        p.update(&service_key(7), |s| {
+            set_bench_endpoints(
+                s,
+                7,
+                &[
+                    test_endpoint(7, 3),
+                    test_endpoint(7, 1),
+                    test_endpoint(7, 9),
+                ],
+            )
         });
         p.sync().unwrap();
         let state = p.state().clone();
@@ -252,7 +272,7 @@ fn restart_over_a_correct_ruleset_writes_nothing() {
 fn endpoint_change_bytes(services: usize) -> Vec<usize> {
     with_proxier(&format!("size{services}"), move |p| {
         for i in 0..services {
-            add_service(p, i, 10);
+            add_bench_service(p, i, 10);
         }
         p.sync().unwrap();
         let i = services / 2;
@@ -264,11 +284,11 @@ fn endpoint_change_bytes(services: usize) -> Vec<usize> {
             vec![0, 1, 2, 3, 5, 6, 7, 8, 11, 12],
         ];
         for eps in changes {
-            p.update(&key(i), |s| {
-                set_endpoints(
+            p.update(&service_key(i), |s| {
+                set_bench_endpoints(
                     s,
                     i,
-                    &eps.iter().map(|j| ep_addr(i, *j)).collect::<Vec<_>>(),
+                    &eps.iter().map(|j| test_endpoint(i, *j)).collect::<Vec<_>>(),
                 )
             });
             let r = p.sync().unwrap();
@@ -298,12 +318,12 @@ fn endpoint_change_transaction_size_does_not_grow_with_services() {
 fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
     with_proxier("refused", |p| {
         for i in 0..10 {
-            add_service(p, i, 3);
+            add_bench_service(p, i, 3);
         }
         p.sync().unwrap();
         // Behind the proxy's back, remove an element it believes is there.
         let vip = "10.96.0.4";
-        let table = TableId::shard(Family::Ip, shard_of(&key(3)));
+        let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
         let out = std::process::Command::new("nft")
             .args([
                 "delete",
@@ -321,11 +341,11 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
             String::from_utf8_lossy(&out.stderr)
         );
         // One change deletes that element (Service 3 goes away), another adds a Service.
-        p.update(&key(3), |s| {
-            s.services.remove(&key(3));
-            s.slices.remove(&key(3));
+        p.update(&service_key(3), |s| {
+            s.services.remove(&service_key(3));
+            s.slices.remove(&service_key(3));
         });
-        add_service(p, 77, 2);
+        add_bench_service(p, 77, 2);
         let read_all = || {
             [TableId::main(Family::Ip), table]
                 .map(|t| socket().read_table(t.family, t.name()).unwrap().unwrap())
@@ -359,7 +379,7 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
 fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
     with_proxier("single-table", |p| {
         for i in 0..20 {
-            add_service(p, i, 3);
+            add_bench_service(p, i, 3);
         }
         let rs = translate(p.state(), &config());
         let mut main = rs.table(Family::Ip).unwrap().clone();

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 use kube_nft::core::node_config::{
-    IpvsSettings, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+    NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
 };
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
@@ -76,7 +76,7 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
         /// `nftables`, or `ipvs` where the kernel has IPVS.
-        #[arg(long, alias = "proxy-mode", default_value = "nftables", value_parser = ["nftables", "ipvs"])]
+        #[arg(long, alias = "proxy-mode", default_value = "nftables", value_parser = ProxyMode::NAMES)]
         backend: String,
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
@@ -264,7 +264,7 @@ struct ProxyArgs {
     #[arg(long)]
     counters: bool,
     /// `ipvs`: the table the IPVS backend keeps beside IPVS.
-    #[arg(long, alias = "backend", default_value = "nftables", value_parser = ["nftables", "ipvs"])]
+    #[arg(long, alias = "backend", default_value = "nftables", value_parser = ProxyMode::NAMES)]
     proxy_mode: String,
 }
 
@@ -407,10 +407,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 /// `--proxy-mode`/`--backend` of the one-shot commands (clap has checked the
 /// name): the backend with its default settings.
 fn proxy_mode_named(mode: &str) -> ProxyMode {
-    match mode {
-        "ipvs" => ProxyMode::Ipvs(IpvsSettings::default()),
-        _ => ProxyMode::Nftables,
-    }
+    ProxyMode::named(mode).unwrap_or_default()
 }
 
 fn cleanup() -> Result<bool, String> {

@@ -3,8 +3,8 @@
 //! the planner's reconciliation is checked in milliseconds and without root.
 //! The root tests stay: only they show that the real kernel agrees.
 
-use crate::bench::{bench_service, bench_slice, service_key};
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::bench::{add_bench_service, service_key, set_bench_endpoints, test_endpoint};
+
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::dataplane::SyncKind;
@@ -17,7 +17,6 @@ use crate::nft::kernel::{lowered, same_table, NftKernel};
 use crate::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use crate::nft::translate::{translate, Ruleset};
 use crate::ruleset::{Field, Rule, Stmt, TableId};
-use std::net::IpAddr;
 
 fn config() -> NodeConfig {
     NodeConfig {
@@ -29,29 +28,6 @@ fn config() -> NodeConfig {
         masquerade_bit: 14,
         ..NodeConfig::default()
     }
-}
-
-fn key(i: usize) -> ServiceKey {
-    service_key(i)
-}
-
-fn ep_addr(i: usize, j: usize) -> IpAddr {
-    IpAddr::from((0x0a80_0000u32 + (i * 16 + j) as u32).to_be_bytes())
-}
-
-fn add_service(p: &mut Proxy, i: usize, n: usize) {
-    p.update(&key(i), |state| {
-        state.services.insert(key(i), bench_service(i));
-        set_endpoints(state, i, &(0..n).map(|j| ep_addr(i, j)).collect::<Vec<_>>());
-    });
-}
-
-fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
-    state
-        .slices
-        .entry(key(i))
-        .or_default()
-        .insert(bench_slice(i, addrs));
 }
 
 /// A proxy whose one dataplane writes into `kernel`.
@@ -79,21 +55,28 @@ fn check_partial_syncs(config: NodeConfig) {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config);
     for i in 0..20 {
-        add_service(p, i, 1 + i % 5);
+        add_bench_service(p, i, 1 + i % 5);
     }
     assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
     assert!(p.verify().unwrap());
     let endpoints = |i: usize, js: &'static [usize]| -> Box<dyn Fn(&mut Proxy)> {
         Box::new(move |p| {
-            p.update(&key(i), |s| {
-                set_endpoints(s, i, &js.iter().map(|j| ep_addr(i, *j)).collect::<Vec<_>>())
+            p.update(&service_key(i), |s| {
+                set_bench_endpoints(
+                    s,
+                    i,
+                    &js.iter().map(|j| test_endpoint(i, *j)).collect::<Vec<_>>(),
+                )
             })
         })
     };
     let affinity = |timeout: Option<u32>| -> Box<dyn Fn(&mut Proxy)> {
         Box::new(move |p| {
-            p.update(&key(7), |s| {
-                s.services.get_mut(&key(7)).unwrap().affinity_timeout = timeout
+            p.update(&service_key(7), |s| {
+                s.services
+                    .get_mut(&service_key(7))
+                    .unwrap()
+                    .affinity_timeout = timeout
             })
         })
     };
@@ -106,16 +89,20 @@ fn check_partial_syncs(config: NodeConfig) {
         (
             "delete a Service",
             Box::new(|p| {
-                p.update(&key(0), |s| {
-                    s.services.remove(&key(0));
-                    s.slices.remove(&key(0));
+                p.update(&service_key(0), |s| {
+                    s.services.remove(&service_key(0));
+                    s.slices.remove(&service_key(0));
                 })
             }),
         ),
-        ("add a Service", Box::new(|p| add_service(p, 40, 3))),
+        ("add a Service", Box::new(|p| add_bench_service(p, 40, 3))),
         (
             "two Services share an endpoint address",
-            Box::new(|p| p.update(&key(5), |s| set_endpoints(s, 5, &[ep_addr(6, 0)]))),
+            Box::new(|p| {
+                p.update(&service_key(5), |s| {
+                    set_bench_endpoints(s, 5, &[test_endpoint(6, 0)])
+                })
+            }),
         ),
         ("and one lets it go", endpoints(5, &[0])),
         (
@@ -151,11 +138,19 @@ fn restart_over_a_correct_ruleset_writes_nothing() {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config());
     for i in 0..50 {
-        add_service(p, i, 4);
+        add_bench_service(p, i, 4);
     }
     p.sync().unwrap();
-    p.update(&key(7), |s| {
-        set_endpoints(s, 7, &[ep_addr(7, 3), ep_addr(7, 1), ep_addr(7, 9)])
+    p.update(&service_key(7), |s| {
+        set_bench_endpoints(
+            s,
+            7,
+            &[
+                test_endpoint(7, 3),
+                test_endpoint(7, 1),
+                test_endpoint(7, 9),
+            ],
+        )
     });
     p.sync().unwrap();
     let commits = kernel.commits();
@@ -182,7 +177,7 @@ fn endpoint_change_bytes(services: usize) -> Vec<usize> {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config());
     for i in 0..services {
-        add_service(p, i, 10);
+        add_bench_service(p, i, 10);
     }
     p.sync().unwrap();
     let i = services / 2;
@@ -193,11 +188,11 @@ fn endpoint_change_bytes(services: usize) -> Vec<usize> {
     ];
     let mut sizes = Vec::new();
     for eps in changes {
-        p.update(&key(i), |s| {
-            set_endpoints(
+        p.update(&service_key(i), |s| {
+            set_bench_endpoints(
                 s,
                 i,
-                &eps.iter().map(|j| ep_addr(i, *j)).collect::<Vec<_>>(),
+                &eps.iter().map(|j| test_endpoint(i, *j)).collect::<Vec<_>>(),
             )
         });
         let r = p.sync().unwrap();
@@ -226,11 +221,11 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config());
     for i in 0..10 {
-        add_service(p, i, 3);
+        add_bench_service(p, i, 3);
     }
     p.sync().unwrap();
     // Behind the proxy's back, remove an element it believes is there.
-    let table = TableId::shard(Family::Ip, shard_of(&key(3)));
+    let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
     let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
     kernel.tamper(|tables| {
         let set = tables
@@ -241,11 +236,11 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
         set.elements.retain(|e| !e.key.starts_with(&vip.octets()));
         assert_eq!(set.elements.len(), before - 1, "the element was there");
     });
-    p.update(&key(3), |s| {
-        s.services.remove(&key(3));
-        s.slices.remove(&key(3));
+    p.update(&service_key(3), |s| {
+        s.services.remove(&service_key(3));
+        s.slices.remove(&service_key(3));
     });
-    add_service(p, 77, 2);
+    add_bench_service(p, 77, 2);
     let read_all = || [TableId::main(Family::Ip), table].map(|t| kernel.table(t).unwrap());
     let before = read_all();
     let err = p.sync().unwrap_err();
@@ -271,7 +266,7 @@ fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config());
     for i in 0..20 {
-        add_service(p, i, 3);
+        add_bench_service(p, i, 3);
     }
     // The layout before Service tables: everything in the main table.
     let rs = translate(p.state(), &config());
@@ -329,9 +324,9 @@ fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
 fn the_fake_refuses_to_delete_a_chain_an_element_points_to() {
     let kernel = FakeKernel::new();
     let p = &mut proxy_over(&kernel, config());
-    add_service(p, 1, 2);
+    add_bench_service(p, 1, 2);
     p.sync().unwrap();
-    let table = TableId::shard(Family::Ip, shard_of(&key(1)));
+    let table = TableId::shard(Family::Ip, shard_of(&service_key(1)));
     let chain = kernel
         .table(table)
         .unwrap()

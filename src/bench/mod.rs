@@ -51,6 +51,31 @@ fn endpoint_addr(n: usize) -> IpAddr {
     IpAddr::from((FIRST_ENDPOINT + n as u32).to_be_bytes())
 }
 
+/// The address of endpoint `j` of Service `i` in the reconciliation tests
+/// (sixteen addresses per Service, from the benchmark's first endpoint on).
+pub fn test_endpoint(i: usize, j: usize) -> IpAddr {
+    endpoint_addr(i * 16 + j)
+}
+
+/// Sets Service `i`'s one EndpointSlice to ready endpoints at `addrs`.
+pub fn set_bench_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
+    state
+        .slices
+        .entry(service_key(i))
+        .or_default()
+        .insert(bench_slice(i, addrs));
+}
+
+/// Adds Service `i` (TCP 80 → 8080) with `n` ready endpoints (`test_endpoint`)
+/// to a proxy's model.
+pub fn add_bench_service(p: &mut Proxy, i: usize, n: usize) {
+    p.update(&service_key(i), |state| {
+        state.services.insert(service_key(i), bench_service(i));
+        let addrs: Vec<IpAddr> = (0..n).map(|j| test_endpoint(i, j)).collect();
+        set_bench_endpoints(state, i, &addrs);
+    });
+}
+
 /// The synthetic cluster's nodes: its pods are spread over 100 (a node runs at
 /// most 110 pods by default), and this node is the first.
 const NODES: u32 = 100;

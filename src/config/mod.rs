@@ -178,11 +178,11 @@ fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
 
 /// `mode` / `--proxy-mode`: whether the mode is IPVS.
 fn check_mode(mode: &str, field: &str) -> Result<bool, String> {
-    match mode {
-        "" | "nftables" => Ok(false),
-        "ipvs" => Ok(true),
-        other => Err(format!(
-            "{field}: {other:?} is not supported by kube-nft (nftables or ipvs)"
+    match ProxyMode::named(mode) {
+        Some(m) => Ok(m.is_ipvs()),
+        None => Err(format!(
+            "{field}: {mode:?} is not supported by kube-nft ({})",
+            ProxyMode::NAMES.join(" or ")
         )),
     }
 }

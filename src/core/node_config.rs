@@ -60,6 +60,20 @@ pub enum ProxyMode {
     Ipvs(IpvsSettings),
 }
 
+impl ProxyMode {
+    /// The modes by the names `--proxy-mode` and the config file's `mode` take.
+    pub const NAMES: [&'static str; 2] = ["nftables", "ipvs"];
+
+    /// The mode of this name, with default settings (`""` is the default mode).
+    pub fn named(name: &str) -> Option<ProxyMode> {
+        match name {
+            "" | "nftables" => Some(ProxyMode::Nftables),
+            "ipvs" => Some(ProxyMode::Ipvs(IpvsSettings::default())),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IpvsSettings {
     /// `--ipvs-scheduler`, for Services without the scheduler annotation.
