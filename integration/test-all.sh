@@ -24,6 +24,9 @@ if [ -n "$leftover" ]; then
   status=1
 fi
 # One closing line over every test binary's "test result:" line, host and guest.
-awk '/^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
+# A run that failed without a failed test (a step that is not a test) still
+# closes on a failure: the total never says 0 failed when the run failed.
+awk -v status="$status" '/^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { if (status != 0 && f == 0) { print "\nthe run failed outside the tests (see above): counted as 1 failed"; f = 1 }
+           printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -4,7 +4,8 @@
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
+# No tmpfs on /tmp: the initramfs is in memory already, and a checkout under /tmp
+# has its test binaries staged there, at their host paths.
 mount -t tmpfs run /run
 # `ip netns` bind-mounts namespaces under /run/netns: the root must be shared-capable.
 mount --make-rshared / 2>/dev/null || true
