@@ -4,7 +4,7 @@
 //! a failing message is reported with its sequence number, which `describe`
 //! decodes back into the words of the object the kernel refused.
 
-use super::attr::{align4, AttrWriter, Attrs, Payload};
+use super::attr::{align4, AttrWriter};
 use super::message::{
     finish_msg, put_nlmsghdr, split_messages, NlMsg, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_REQUEST,
 };
@@ -14,7 +14,6 @@ use super::objects::{
 };
 use crate::core::net::Family;
 use crate::ruleset::TableId;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub(crate) const NLM_F_REPLACE: u16 = 0x100;
@@ -391,50 +390,68 @@ fn describe_message(m: &NlMsg) -> Option<String> {
         .into_iter()
         .find(|f| f.nfproto() == nfproto)?
         .keyword();
-    let mut strs: HashMap<u16, String> = HashMap::new();
-    let (mut handle, mut elements) = (None, 0);
-    for a in Attrs::new(m.payload.get(4..)?) {
-        let (kind, payload) = a.ok()?;
-        match kind {
-            3 if m.kind & 0xff == NEWRULE || m.kind & 0xff == DELRULE => {
-                handle = Payload::new("rule", kind, payload).u64().ok()
-            }
-            3 if m.kind & 0xff == NEWSETELEM || m.kind & 0xff == DELSETELEM => {
-                elements = Attrs::new(payload).count()
-            }
-            _ => {
-                if let Ok(s) = Payload::new("message", kind, payload).string() {
-                    strs.insert(kind, s);
-                }
-            }
-        }
-    }
-    let s = |k: u16| strs.get(&k).map(String::as_str).unwrap_or("?");
-    let table = s(1);
+    let body = m.payload.get(4..)?;
+    // Every object message starts with its table's name, as a table's does.
+    let table = TableHeader::parse(body).ok()?.name;
+    let chain = || {
+        KernelChain::parse(body, &table)
+            .ok()
+            .flatten()
+            .map(|c| c.name)
+    };
+    let rule = || KernelRule::parse(body, &table).ok().flatten();
+    let set = || {
+        KernelSet::parse(body, &table)
+            .ok()
+            .flatten()
+            .map(|s| s.name)
+    };
+    let counter = || {
+        KernelCounter::parse(body, &table)
+            .ok()
+            .flatten()
+            .map(|c| c.counter.name)
+    };
+    let elements = || {
+        let set = KernelElement::list_set(body).ok().flatten()?;
+        let n = KernelElement::parse_list(body).ok()?.len();
+        Some((n, set))
+    };
     Some(match m.kind & 0xff {
         NEWTABLE => format!("add table {fam} {table}"),
         DELTABLE => format!("delete table {fam} {table}"),
-        NEWCHAIN => format!("add chain {fam} {table} {}", s(3)),
-        DELCHAIN => format!("delete chain {fam} {table} {}", s(3)),
-        NEWRULE if m.flags & NLM_F_REPLACE != 0 => format!(
-            "replace rule {} in {fam} {table} chain {}",
-            handle.unwrap_or(0),
-            s(2)
-        ),
-        NEWRULE if m.flags & NLM_F_APPEND != 0 => {
-            format!("add rule to {fam} {table} chain {}", s(2))
+        NEWCHAIN => format!("add chain {fam} {table} {}", chain()?),
+        DELCHAIN => format!("delete chain {fam} {table} {}", chain()?),
+        NEWRULE => {
+            let (chain, r) = rule()?;
+            if m.flags & NLM_F_REPLACE != 0 {
+                let h = r.handle.unwrap_or(0);
+                format!("replace rule {h} in {fam} {table} chain {chain}")
+            } else if m.flags & NLM_F_APPEND != 0 {
+                format!("add rule to {fam} {table} chain {chain}")
+            } else {
+                format!("insert rule into {fam} {table} chain {chain}")
+            }
         }
-        NEWRULE => format!("insert rule into {fam} {table} chain {}", s(2)),
-        DELRULE => match handle {
-            Some(h) => format!("delete rule {h} from {fam} {table} chain {}", s(2)),
-            None => format!("flush chain {fam} {table} {}", s(2)),
-        },
-        NEWSET => format!("add set {fam} {table} {}", s(2)),
-        DELSET => format!("delete set {fam} {table} {}", s(2)),
-        NEWOBJ => format!("add counter {fam} {table} {}", s(2)),
-        DELOBJ => format!("delete counter {fam} {table} {}", s(2)),
-        NEWSETELEM => format!("add {elements} element(s) of {fam} {table} {}", s(2)),
-        DELSETELEM => format!("delete {elements} element(s) of {fam} {table} {}", s(2)),
+        DELRULE => {
+            let (chain, r) = rule()?;
+            match r.handle {
+                Some(h) => format!("delete rule {h} from {fam} {table} chain {chain}"),
+                None => format!("flush chain {fam} {table} {chain}"),
+            }
+        }
+        NEWSET => format!("add set {fam} {table} {}", set()?),
+        DELSET => format!("delete set {fam} {table} {}", set()?),
+        NEWOBJ => format!("add counter {fam} {table} {}", counter()?),
+        DELOBJ => format!("delete counter {fam} {table} {}", counter()?),
+        NEWSETELEM => {
+            let (n, set) = elements()?;
+            format!("add {n} element(s) of {fam} {table} {set}")
+        }
+        DELSETELEM => {
+            let (n, set) = elements()?;
+            format!("delete {n} element(s) of {fam} {table} {set}")
+        }
         _ => return None,
     })
 }
