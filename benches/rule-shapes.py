@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Copyright kube-nft authors. Licensed under the Apache License, Version 2.0.
-"""Writes an nft script of N Services x 10 endpoints spread over 16 tables, in one
-of three rule shapes, to time with `nft -f` in an empty namespace and profile with
+"""Writes an nft script of N Services x 10 endpoints spread over T tables (16 by
+default), in one of three rule shapes, to time with `nft -f` in an empty namespace and profile with
 `perf record -g` (docs/BENCHMARKS.md, "Rule shapes over 16 tables"):
 
   cascade     one chain per Service: `numgen random mod K 0 dnat to ...` per
@@ -9,12 +9,11 @@ of three rule shapes, to time with `nft -f` in an empty namespace and profile wi
   named-map   one chain and one named `numgen` map per Service
   shared-map  one chain per Service, all looking up one map per table at an offset
 
-    benches/rule-shapes.py cascade 10000 > /tmp/c.nft
+    benches/rule-shapes.py cascade 10000 [TABLES] > /tmp/c.nft
     ip netns add t && time ip netns exec t nft -f /tmp/c.nft; ip netns del t
 """
 import sys
 
-TABLES = 16
 ENDPOINTS = 10
 
 
@@ -24,10 +23,11 @@ def addr(base, i):
 
 def main():
     shape, services = sys.argv[1], int(sys.argv[2])
+    tables = int(sys.argv[3]) if len(sys.argv) > 3 else 16
     if shape not in ("cascade", "named-map", "shared-map"):
         sys.exit(f"unknown shape {shape}")
     body, elements = [], []
-    for t in range(TABLES):
+    for t in range(tables):
         table = f"s{t:02d}"
         body.append(f"table ip {table} {{")
         body.append("  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }")
@@ -38,7 +38,7 @@ def main():
             "ip daddr . meta l4proto . th dport vmap @service-ips; }"
         )
         dispatch, offset = [], 0
-        for i in range(t, services, TABLES):
+        for i in range(t, services, tables):
             chain = f"svc-{i:05d}"
             eps = [addr(128, i * ENDPOINTS + k) for k in range(ENDPOINTS)]
             if shape == "cascade":

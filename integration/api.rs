@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::apiserver::{ApiServer, Kind};
 use common::*;
+use kube_nft::bench::apiserver::{self, ApiServer, Kind};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -310,7 +310,7 @@ fn the_recorded_objects_convert_as_expected() {
         convert_endpoint_slice, convert_node, convert_service, Converted,
     };
     let read = |name: &str| -> serde_json::Value {
-        let text = std::fs::read_to_string(common::apiserver::fixtures().join(name)).unwrap();
+        let text = std::fs::read_to_string(apiserver::fixtures().join(name)).unwrap();
         serde_json::from_str(&text).unwrap()
     };
     let mut verdicts = Vec::new();

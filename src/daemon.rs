@@ -323,8 +323,17 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let mut last_full = Instant::now();
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
+    let mut was_ready = false;
     loop {
         let ready = store.synced() && manifests.as_ref().is_none_or(ManifestStore::ready);
+        if ready && !was_ready {
+            tracing::info!(
+                services = store.state().services.len(),
+                peak_rss_kib = crate::metrics::peak_rss_kib(),
+                "every kind listed; programming"
+            );
+            was_ready = true;
+        }
         let now = Instant::now();
         if now.duration_since(last_full) >= settings.sync_period {
             node_settings.apply(&mut engine, &store, true);
@@ -353,6 +362,10 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
+                        tracing::info!(
+                            peak_rss_kib = crate::metrics::peak_rss_kib(),
+                            "synced once; exiting"
+                        );
                         return Ok(());
                     }
                 }

@@ -80,36 +80,7 @@ enum Command {
         backend: String,
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
-    Bench {
-        /// Cluster sizes: SERVICES or SERVICESxENDPOINTS (total), comma-separated;
-        /// plain SERVICES means 10 endpoints each.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "1000,10000,30000,30000x250000"
-        )]
-        sizes: Vec<String>,
-        /// Runs per measurement; medians are reported.
-        #[arg(long, default_value_t = 5)]
-        runs: usize,
-        /// Largest cluster loaded with kube-proxy 1.36's rule shape (quadratic: ~12 s at 10k).
-        #[arg(long, default_value_t = 10_000)]
-        kube_proxy_shape_max: usize,
-        /// Services programmed in the data-plane runs.
-        #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,30000")]
-        dataplane_sizes: Vec<usize>,
-        /// Skip the data-plane runs.
-        #[arg(long)]
-        no_dataplane: bool,
-        /// Seconds of connections per data-plane run.
-        #[arg(long, default_value_t = 2.0)]
-        dataplane_seconds: f64,
-        /// Write an SVG plot of full-sync time against cluster size here.
-        #[arg(long)]
-        plot: Option<PathBuf>,
-        #[arg(long, default_value = "kn-bench")]
-        prefix: String,
-    },
+    Bench(BenchArgs),
     /// One full sync of a synthetic cluster in a fresh process (used by `bench`).
     #[command(hide = true)]
     BenchChild {
@@ -137,6 +108,42 @@ enum Command {
 
 /// `run`'s flags: kube-proxy's, with the same names and meanings, plus ours.
 /// A flag given wins over `--config`; unset ones take the file's value or the default.
+#[derive(Args)]
+struct BenchArgs {
+    /// Cluster sizes: SERVICES or SERVICESxENDPOINTS (total), comma-separated;
+    /// plain SERVICES means 10 endpoints each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1000,10000,30000,30000x250000"
+    )]
+    sizes: Vec<String>,
+    /// Runs per measurement; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Largest cluster loaded with kube-proxy 1.36's rule shape (quadratic: ~12 s at 10k).
+    #[arg(long, default_value_t = 10_000)]
+    kube_proxy_shape_max: usize,
+    /// Services programmed in the data-plane runs.
+    #[arg(long, value_delimiter = ',', default_value = "1,1000,10000,30000")]
+    dataplane_sizes: Vec<usize>,
+    /// Skip the data-plane runs.
+    #[arg(long)]
+    no_dataplane: bool,
+    /// Seconds of connections per data-plane run.
+    #[arg(long, default_value_t = 2.0)]
+    dataplane_seconds: f64,
+    /// Write an SVG plot of full-sync time against cluster size here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    #[arg(long, default_value = "kn-bench")]
+    /// Namespace names' prefix, so that two benchmarks on one machine do not collide.
+    prefix: String,
+    /// Services fed through the loopback API server to `kube-nft run` (10 endpoints each).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    api_sizes: Vec<usize>,
+}
+
 #[derive(Args)]
 struct RunArgs {
     /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
@@ -353,29 +360,7 @@ fn main() -> ExitCode {
             },
         })
         .map_err(|e| e.to_string()),
-        Command::Bench {
-            sizes,
-            runs,
-            kube_proxy_shape_max,
-            dataplane_sizes,
-            no_dataplane,
-            dataplane_seconds,
-            plot,
-            prefix,
-        } => bench(
-            sizes,
-            runs,
-            kube_proxy_shape_max,
-            if no_dataplane {
-                Vec::new()
-            } else {
-                dataplane_sizes
-            },
-            dataplane_seconds,
-            plot,
-            prefix,
-        )
-        .map(|_| true),
+        Command::Bench(args) => bench(args).map(|_| true),
         Command::BenchChild {
             netns,
             services,
@@ -467,16 +452,24 @@ fn parse_size(s: &str) -> Result<(usize, usize), String> {
     }
 }
 
-fn bench(
-    sizes: Vec<String>,
-    runs: usize,
-    kube_proxy_shape_max: usize,
-    dataplane_sizes: Vec<usize>,
-    dataplane_seconds: f64,
-    plot: Option<PathBuf>,
-    prefix: String,
-) -> Result<(), String> {
+fn bench(args: BenchArgs) -> Result<(), String> {
     use kube_nft::bench::{self, plot as chart};
+    let BenchArgs {
+        sizes,
+        runs,
+        kube_proxy_shape_max,
+        dataplane_sizes,
+        no_dataplane,
+        dataplane_seconds,
+        plot,
+        prefix,
+        api_sizes,
+    } = args;
+    let dataplane_sizes = if no_dataplane {
+        Vec::new()
+    } else {
+        dataplane_sizes
+    };
     if !rustix::process::geteuid().is_root() {
         return Err("kube-nft bench creates network namespaces and needs root".into());
     }
@@ -540,6 +533,23 @@ fn bench(
         )?;
         println!("\n## Data plane: new TCP connections through one ClusterIP ({dataplane_seconds} s per run; {} rounds, each running every size and ruleset once; medians)\n", data.rounds);
         print!("{}", bench::dataplane::data_table(&data));
+    }
+    if !api_sizes.is_empty() {
+        let mut api = Vec::new();
+        for services in &api_sizes {
+            eprintln!("API path: {services} Services through the loopback API server…");
+            let mut all = Vec::new();
+            for r in 0..runs.max(1) {
+                all.push(bench::api_path::api_path(
+                    &format!("{prefix}{r}"),
+                    *services,
+                    10,
+                )?);
+            }
+            api.push(all);
+        }
+        println!("\n## API path: `kube-nft run --once` fed N Services × 10 endpoints by the loopback API server, in pages of 500 (median of {runs} runs)\n");
+        print!("{}", bench::api_path::api_table(&api));
     }
     Ok(())
 }

@@ -15,6 +15,18 @@ use std::time::{Duration, SystemTime};
 
 type Labels = Vec<(&'static str, String)>;
 
+/// Peak resident set of this process, KiB (`VmHWM`).
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 pub struct Metrics {
     registry: Registry,
     sync_duration: Histogram,

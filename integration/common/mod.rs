@@ -5,7 +5,6 @@
 
 #![allow(dead_code)]
 
-pub mod apiserver;
 pub mod sctp;
 pub mod services;
 

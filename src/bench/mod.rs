@@ -7,6 +7,8 @@
 //! one Service added and one deleted. Data plane: see `dataplane`.
 //! Every figure is the median of several runs.
 
+pub mod api_path;
+pub mod apiserver;
 pub mod dataplane;
 pub mod plot;
 
@@ -47,7 +49,7 @@ pub fn vip(i: usize) -> IpAddr {
 
 const FIRST_ENDPOINT: u32 = 0x0a80_0000;
 
-fn endpoint_addr(n: usize) -> IpAddr {
+pub(crate) fn endpoint_addr(n: usize) -> IpAddr {
     IpAddr::from((FIRST_ENDPOINT + n as u32).to_be_bytes())
 }
 
@@ -81,7 +83,7 @@ pub fn add_bench_service(p: &mut Proxy, i: usize, n: usize) {
 const NODES: u32 = 100;
 pub const THIS_NODE: &str = "node-00";
 
-fn node_of(addr: IpAddr) -> String {
+pub(crate) fn node_of(addr: IpAddr) -> String {
     let n = match addr {
         IpAddr::V4(a) => u32::from(a).wrapping_sub(FIRST_ENDPOINT),
         IpAddr::V6(a) => u128::from(a) as u32,
@@ -166,18 +168,6 @@ fn median_usize(v: Vec<usize>) -> usize {
     median(v.into_iter().map(|x| x as f64).collect()) as usize
 }
 
-/// Peak resident set of this process, KiB.
-pub fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The hidden `bench-child` command: one full sync in a fresh process, printed as
 /// `sync_ms messages bytes peak_rss_kib kernel_ms`.
 pub fn child_sync(
@@ -199,7 +189,7 @@ pub fn child_sync(
         r.duration.as_secs_f64() * 1000.0,
         r.committed.messages,
         r.committed.bytes,
-        peak_rss_kib(),
+        crate::metrics::peak_rss_kib(),
         r.committed.kernel.as_secs_f64() * 1000.0,
     );
     Ok(())

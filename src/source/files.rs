@@ -121,13 +121,20 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
 /// Objects read from files as the updates an API source would send: a complete
 /// list of each kind (files hold no ServiceCIDRs, so that list is empty), so
 /// that files and the API server reach the model the same way.
-pub fn updates(objects: Objects) -> [Update; 4] {
-    [
-        Update::Service(Delta::Listed(objects.services)),
-        Update::Slice(Delta::Listed(objects.slices)),
-        Update::Node(Delta::Listed(objects.nodes)),
-        Update::ServiceCidr(Delta::Listed(Vec::new())),
-    ]
+pub fn updates(objects: Objects) -> impl Iterator<Item = Update> {
+    fn list<K>(items: Vec<K>, wrap: fn(Delta<K>) -> Update) -> impl Iterator<Item = Update> {
+        std::iter::once(wrap(Delta::ListStarted))
+            .chain(
+                items
+                    .into_iter()
+                    .map(move |o| wrap(Delta::Listing(Box::new(o)))),
+            )
+            .chain(std::iter::once(wrap(Delta::Listed)))
+    }
+    list(objects.services, Update::Service)
+        .chain(list(objects.slices, Update::Slice))
+        .chain(list(objects.nodes, Update::Node))
+        .chain(list(Vec::new(), Update::ServiceCidr))
 }
 
 /// What one `ManifestStore::reload` found.

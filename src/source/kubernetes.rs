@@ -117,7 +117,7 @@ pub fn spawn<T: From<Update> + Send + 'static>(
     Ok(())
 }
 
-/// Forwards one watcher's events, buffering a list until it is complete. Returns
+/// Forwards one watcher's events as they come. Returns
 /// when the receiver is gone, or when the API server has no such kind (an old
 /// cluster without ServiceCIDRs): that kind is then reported as an empty list.
 async fn forward<K: Send + 'static, T: From<Update>>(
@@ -128,26 +128,22 @@ async fn forward<K: Send + 'static, T: From<Update>>(
 ) {
     let events = events.default_backoff();
     futures_util::pin_mut!(events);
-    let mut listing: Vec<K> = Vec::new();
     let mut failing = false;
     while let Some(event) = events.next().await {
+        // A list goes out object by object as its pages arrive: converted and
+        // dropped by the store at once, never held whole.
         let delta = match event {
-            Ok(Event::Init) => {
-                listing.clear();
-                continue;
-            }
-            Ok(Event::InitApply(obj)) => {
-                listing.push(obj);
-                continue;
-            }
-            Ok(Event::InitDone) => Delta::Listed(std::mem::take(&mut listing)),
+            Ok(Event::Init) => Delta::ListStarted,
+            Ok(Event::InitApply(obj)) => Delta::Listing(Box::new(obj)),
+            Ok(Event::InitDone) => Delta::Listed,
             Ok(Event::Apply(obj)) => Delta::Applied(Box::new(obj)),
             Ok(Event::Delete(obj)) => Delta::Deleted(Box::new(obj)),
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if status.is_not_found() =>
             {
                 tracing::info!("the API server has no {kind}; not watching them");
-                let _ = tx.send(wrap(Delta::Listed(Vec::new())).into());
+                let _ = tx.send(wrap(Delta::ListStarted).into());
+                let _ = tx.send(wrap(Delta::Listed).into());
                 return;
             }
             Err(e) => {

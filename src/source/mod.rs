@@ -17,9 +17,14 @@ pub enum Delta<K> {
     /// Created or changed. (Boxed: a Node is a kilobyte and a half.)
     Applied(Box<K>),
     Deleted(Box<K>),
-    /// A complete list (the first, or a relist after a dropped or expired watch):
-    /// anything not in it is gone.
-    Listed(Vec<K>),
+    /// A complete list begins (the first, or a relist after a dropped or expired
+    /// watch). Its objects follow one by one as `Listing`, so that neither the
+    /// source nor the store ever holds the whole list as API objects.
+    ListStarted,
+    /// One object of the list under way.
+    Listing(Box<K>),
+    /// The list is complete: anything not in it is gone.
+    Listed,
 }
 
 #[derive(Debug, Clone)]

@@ -39,6 +39,17 @@ pub struct UpdateOutcome {
     pub service_cidrs_changed: bool,
 }
 
+/// What the lists under way have brought so far: at the end of a list, what it
+/// did not bring is gone.
+#[derive(Debug, Default)]
+struct Listing {
+    services: Option<BTreeSet<ServiceKey>>,
+    slices: Option<BTreeSet<(String, String)>>,
+    /// This node's Node, if the list under way had it.
+    node: Option<Option<core::Node>>,
+    service_cidrs: Option<BTreeMap<String, Vec<IpNet>>>,
+}
+
 /// What changed in the store since the engine last looked.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
@@ -67,6 +78,8 @@ pub struct ClusterStore {
     slice_owners: HashMap<(String, String), ServiceKey>,
     service_cidrs: BTreeMap<String, Vec<IpNet>>,
     listed: BTreeSet<Kind>,
+    /// The lists under way: what each has brought so far.
+    listing: Listing,
     /// The earliest unprogrammed trigger time of each changed Service.
     triggers: HashMap<ServiceKey, SystemTime>,
 }
@@ -96,6 +109,7 @@ impl ClusterStore {
             slice_owners: HashMap::new(),
             service_cidrs: BTreeMap::new(),
             listed: BTreeSet::new(),
+            listing: Listing::default(),
             triggers: HashMap::new(),
         }
     }
@@ -199,15 +213,21 @@ impl ClusterStore {
     pub fn apply(&mut self, update: Update) -> UpdateOutcome {
         let mut out = UpdateOutcome::default();
         match update {
-            Update::Service(delta) => {
-                if let Delta::Listed(all) = &delta {
-                    let keep: BTreeSet<ServiceKey> =
-                        all.iter().map(|s| service_key(&s.metadata)).collect();
+            Update::Service(delta) => match delta {
+                Delta::ListStarted => self.listing.services = Some(BTreeSet::new()),
+                Delta::Listing(svc) => {
+                    if let Some(seen) = &mut self.listing.services {
+                        seen.insert(service_key(&svc.metadata));
+                    }
+                    self.apply_service(&svc, true, &mut out);
+                }
+                Delta::Listed => {
+                    let seen = self.listing.services.take().unwrap_or_default();
                     let gone: Vec<ServiceKey> = self
                         .state
                         .services
                         .keys()
-                        .filter(|k| !keep.contains(*k))
+                        .filter(|k| !seen.contains(*k))
                         .cloned()
                         .collect();
                     for key in gone {
@@ -215,18 +235,23 @@ impl ClusterStore {
                     }
                     self.listed.insert(Kind::Service);
                 }
-                for (svc, present) in objects(delta) {
-                    self.apply_service(&svc, present, &mut out);
+                Delta::Applied(svc) => self.apply_service(&svc, true, &mut out),
+                Delta::Deleted(svc) => self.apply_service(&svc, false, &mut out),
+            },
+            Update::Slice(delta) => match delta {
+                Delta::ListStarted => self.listing.slices = Some(BTreeSet::new()),
+                Delta::Listing(slice) => {
+                    if let Some(seen) = &mut self.listing.slices {
+                        seen.insert(object_id(&slice.metadata));
+                    }
+                    self.apply_slice(&slice, true, &mut out);
                 }
-            }
-            Update::Slice(delta) => {
-                if let Delta::Listed(all) = &delta {
-                    let keep: BTreeSet<(String, String)> =
-                        all.iter().map(|s| object_id(&s.metadata)).collect();
+                Delta::Listed => {
+                    let seen = self.listing.slices.take().unwrap_or_default();
                     let gone: Vec<(String, String)> = self
                         .slice_owners
                         .keys()
-                        .filter(|id| !keep.contains(*id))
+                        .filter(|id| !seen.contains(*id))
                         .cloned()
                         .collect();
                     for id in gone {
@@ -234,31 +259,51 @@ impl ClusterStore {
                     }
                     self.listed.insert(Kind::Slice);
                 }
-                for (slice, present) in objects(delta) {
-                    self.apply_slice(&slice, present, &mut out);
-                }
-            }
+                Delta::Applied(slice) => self.apply_slice(&slice, true, &mut out),
+                Delta::Deleted(slice) => self.apply_slice(&slice, false, &mut out),
+            },
             Update::Node(delta) => {
                 let mine = |n: &core::Node| n.metadata.name.as_deref() == Some(&self.node_name);
                 let node = match delta {
+                    Delta::ListStarted => {
+                        self.listing.node = Some(None);
+                        return out;
+                    }
+                    Delta::Listing(n) => {
+                        if let (true, Some(found)) = (mine(&n), &mut self.listing.node) {
+                            *found = Some(*n);
+                        }
+                        return out;
+                    }
+                    Delta::Listed => {
+                        self.listed.insert(Kind::Node);
+                        self.listing.node.take().flatten()
+                    }
                     Delta::Applied(n) if mine(&n) => Some(*n),
                     Delta::Deleted(n) if mine(&n) => None,
-                    Delta::Listed(all) => {
-                        self.listed.insert(Kind::Node);
-                        all.into_iter().find(|n| mine(n))
-                    }
                     _ => return out,
                 };
                 self.apply_node(node.as_ref(), &mut out);
             }
             Update::ServiceCidr(delta) => {
                 let before = self.service_cidrs();
-                if let Delta::Listed(_) = &delta {
-                    self.service_cidrs.clear();
-                    self.listed.insert(Kind::ServiceCidr);
-                }
-                for (obj, present) in objects(delta) {
-                    self.apply_service_cidr(&obj, present, &mut out);
+                match delta {
+                    Delta::ListStarted => self.listing.service_cidrs = Some(BTreeMap::new()),
+                    Delta::Listing(obj) => {
+                        if let Some(listed) = &mut self.listing.service_cidrs {
+                            apply_service_cidr(listed, &obj, true, &mut out);
+                        }
+                    }
+                    Delta::Listed => {
+                        self.service_cidrs = self.listing.service_cidrs.take().unwrap_or_default();
+                        self.listed.insert(Kind::ServiceCidr);
+                    }
+                    Delta::Applied(obj) => {
+                        apply_service_cidr(&mut self.service_cidrs, &obj, true, &mut out)
+                    }
+                    Delta::Deleted(obj) => {
+                        apply_service_cidr(&mut self.service_cidrs, &obj, false, &mut out)
+                    }
                 }
                 out.service_cidrs_changed = self.service_cidrs() != before;
             }
@@ -337,37 +382,136 @@ impl ClusterStore {
         };
         self.set_node(Some(info));
     }
-
-    fn apply_service_cidr(&mut self, obj: &ServiceCIDR, present: bool, out: &mut UpdateOutcome) {
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        if !present {
-            self.service_cidrs.remove(&name);
-            return;
-        }
-        let cidrs = obj.spec.as_ref().and_then(|s| s.cidrs.as_deref());
-        let mut parsed = Vec::new();
-        for (i, c) in cidrs.unwrap_or_default().iter().enumerate() {
-            match c.parse::<IpNet>() {
-                Ok(net) => parsed.push(net.trunc()),
-                Err(_) => {
-                    out.rejected.push(Rejected {
-                        object: format!("ServiceCIDR {name}"),
-                        field: format!("spec.cidrs[{i}]"),
-                        reason: format!("{c:?} is not a CIDR"),
-                    });
-                    return;
-                }
-            }
-        }
-        self.service_cidrs.insert(name, parsed);
-    }
 }
 
-/// The objects of a delta, each with whether it is present afterwards.
-fn objects<K>(delta: Delta<K>) -> Vec<(K, bool)> {
-    match delta {
-        Delta::Applied(o) => vec![(*o, true)],
-        Delta::Deleted(o) => vec![(*o, false)],
-        Delta::Listed(all) => all.into_iter().map(|o| (o, true)).collect(),
+/// Records (or forgets) one ServiceCIDR's CIDRs in `cidrs`; a CIDR that does not
+/// parse rejects the object and keeps what `cidrs` had for it.
+fn apply_service_cidr(
+    cidrs: &mut BTreeMap<String, Vec<IpNet>>,
+    obj: &ServiceCIDR,
+    present: bool,
+    out: &mut UpdateOutcome,
+) {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    if !present {
+        cidrs.remove(&name);
+        return;
+    }
+    let listed = obj.spec.as_ref().and_then(|s| s.cidrs.as_deref());
+    let mut parsed = Vec::new();
+    for (i, c) in listed.unwrap_or_default().iter().enumerate() {
+        match c.parse::<IpNet>() {
+            Ok(net) => parsed.push(net.trunc()),
+            Err(_) => {
+                out.rejected.push(Rejected {
+                    object: format!("ServiceCIDR {name}"),
+                    field: format!("spec.cidrs[{i}]"),
+                    reason: format!("{c:?} is not a CIDR"),
+                });
+                return;
+            }
+        }
+    }
+    cidrs.insert(name, parsed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(name: &str, ip: &str) -> core::Service {
+        serde_yaml::from_str(&format!(
+            "metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}"
+        ))
+        .unwrap()
+    }
+
+    fn list<K>(wrap: fn(Delta<K>) -> Update, items: Vec<K>) -> Vec<Update> {
+        std::iter::once(wrap(Delta::ListStarted))
+            .chain(items.into_iter().map(|o| wrap(Delta::Listing(Box::new(o)))))
+            .chain(std::iter::once(wrap(Delta::Listed)))
+            .collect()
+    }
+
+    fn apply_all(store: &mut ClusterStore, updates: Vec<Update>) {
+        for u in updates {
+            store.apply(u);
+        }
+    }
+
+    fn names(store: &ClusterStore) -> Vec<String> {
+        store
+            .state()
+            .services
+            .keys()
+            .map(|k| k.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn the_store_is_synced_once_every_kind_is_listed_and_lists_arrive_object_by_object() {
+        let mut store = ClusterStore::new("node-a");
+        apply_all(
+            &mut store,
+            list(
+                Update::Service,
+                vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+            ),
+        );
+        assert_eq!(names(&store), ["a", "b"]);
+        assert!(
+            !store.synced(),
+            "slices, nodes and ServiceCIDRs are not listed yet"
+        );
+        apply_all(&mut store, list(Update::Slice, Vec::new()));
+        apply_all(&mut store, list(Update::Node, Vec::new()));
+        apply_all(&mut store, list(Update::ServiceCidr, Vec::new()));
+        assert!(store.synced());
+        let changes = store.take_changes();
+        assert_eq!(changes.services.len(), 2);
+        assert!(changes.node, "this node became known, by name");
+    }
+
+    #[test]
+    fn a_relist_changes_what_differs_and_removes_what_it_lacks_only_at_its_end() {
+        let mut store = ClusterStore::new("node-a");
+        apply_all(
+            &mut store,
+            list(
+                Update::Service,
+                vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+            ),
+        );
+        store.take_changes();
+        // The same list again: nothing changes.
+        apply_all(
+            &mut store,
+            list(
+                Update::Service,
+                vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+            ),
+        );
+        assert!(store.take_changes().services.is_empty());
+        // A relist without b and with a changed: a changes at once, b goes at the end.
+        store.apply(Update::Service(Delta::ListStarted));
+        store.apply(Update::Service(Delta::Listing(Box::new(service(
+            "a",
+            "10.96.0.9",
+        )))));
+        assert_eq!(
+            names(&store),
+            ["a", "b"],
+            "nothing is deleted before the list ends"
+        );
+        let out = store.apply(Update::Service(Delta::Listed));
+        assert_eq!(out.service_changes, 1);
+        assert_eq!(names(&store), ["a"]);
+        let changed: Vec<String> = store
+            .take_changes()
+            .services
+            .into_iter()
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(changed, ["a", "b"]);
     }
 }

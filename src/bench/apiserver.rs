@@ -1,11 +1,16 @@
-//! A Kubernetes API server on loopback, for the daemon to list and watch. It
-//! speaks the wire protocol kube-rs expects (JSON lists with resourceVersion and
-//! `limit`/`continue` paging, chunked watch streams of ADDED, MODIFIED, DELETED and
-//! BOOKMARK events, a 410 Gone error event) and starts from the responses recorded
-//! from a real kube-apiserver (`integration/fixtures/kube-apiserver/`, a copy of
-//! the project's `k8s-fixtures`). Recorded watch streams
-//! are replayed byte for byte; the test can also create, change and delete
-//! objects, drop every watch, and expire old resourceVersions.
+//! A Kubernetes API server on loopback, for the daemon to list and watch: the
+//! API tests' and the API-path benchmark's. It speaks the wire protocol kube-rs
+//! expects (JSON lists with resourceVersion and `limit`/`continue` paging,
+//! chunked watch streams of ADDED, MODIFIED, DELETED and BOOKMARK events, a 410
+//! Gone error event). The tests start it from the responses recorded from a real
+//! kube-apiserver (`integration/fixtures/kube-apiserver/`, a copy of the
+//! project's `k8s-fixtures`) and replay recorded watch streams byte for byte;
+//! they can also create, change and delete objects, drop every watch, and expire
+//! old resourceVersions. The benchmark starts it with synthetic objects.
+//!
+//! It stays a fake for what a real API server cannot be made to do on demand
+//! here: replay a recorded stream, drop watches, expire history at a chosen
+//! moment, go down and come back.
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -33,7 +38,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::Service, Kind::Slice, Kind::Node, Kind::ServiceCidr];
+    pub const ALL: [Kind; 4] = [Kind::Service, Kind::Slice, Kind::Node, Kind::ServiceCidr];
 
     fn path(self) -> &'static str {
         match self {
@@ -102,10 +107,6 @@ impl ApiServer {
     /// Serves, from a listener bound inside `netns` (so that the daemon there
     /// reaches it on its own loopback), the recorded lists and Node.
     pub fn start_in(netns: &str) -> ApiServer {
-        let listener = kube_nft::netns::in_netns(netns, || TcpListener::bind("127.0.0.1:0"))
-            .unwrap()
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
         let mut state = State::default();
         for (kind, file) in [
             (Kind::Service, "list-services.json"),
@@ -130,6 +131,28 @@ impl ApiServer {
             .entry(Kind::Node)
             .or_default()
             .insert(key_of(&node), node);
+        ApiServer::serve_in(netns, state).unwrap()
+    }
+
+    /// Serves these objects from inside `netns`, at resourceVersion 1.
+    pub fn serving_in(netns: &str, objects: Vec<(Kind, Value)>) -> std::io::Result<ApiServer> {
+        let mut state = State {
+            resource_version: 1,
+            ..State::default()
+        };
+        for (kind, obj) in objects {
+            state
+                .objects
+                .entry(kind)
+                .or_default()
+                .insert(key_of(&obj), obj);
+        }
+        ApiServer::serve_in(netns, state)
+    }
+
+    fn serve_in(netns: &str, state: State) -> std::io::Result<ApiServer> {
+        let listener = crate::netns::in_netns(netns, || TcpListener::bind("127.0.0.1:0"))??;
+        let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(state));
         let shared = state.clone();
         std::thread::spawn(move || {
@@ -138,7 +161,7 @@ impl ApiServer {
                 std::thread::spawn(move || handle(conn, &s));
             }
         });
-        ApiServer { addr, state }
+        Ok(ApiServer { addr, state })
     }
 
     pub fn url(&self) -> String {
