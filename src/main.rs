@@ -139,6 +139,10 @@ struct BenchArgs {
     #[arg(long, default_value = "kn-bench")]
     /// Namespace names' prefix, so that two benchmarks on one machine do not collide.
     prefix: String,
+    /// Largest cluster whose ruleset (ours and kube-proxy's shape) is listed and
+    /// monitored with `nft` (the cascade lists in ~2.5 min at 30k).
+    #[arg(long, default_value_t = 30_000)]
+    operator_max: usize,
     /// Services fed through the loopback API server to `kube-nft run` (10 endpoints each).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     api_sizes: Vec<usize>,
@@ -464,6 +468,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         plot,
         prefix,
         api_sizes,
+        operator_max,
     } = args;
     let dataplane_sizes = if no_dataplane {
         Vec::new()
@@ -481,6 +486,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         sizes: sizes.clone(),
         runs,
         kube_proxy_shape_max,
+        operator_max,
         prefix: prefix.clone(),
     };
     let mut results = Vec::new();
@@ -491,6 +497,14 @@ fn bench(args: BenchArgs) -> Result<(), String> {
     println!("## Control plane (median of {runs} runs)\n");
     print!("{}", bench::control_table(&results));
     println!("\n{}", bench::linearity(&results));
+    let operator: Vec<_> = results
+        .iter()
+        .filter_map(|r| Some((r.services, r.endpoints, r.ours_view?, r.kube_proxy_view)))
+        .collect();
+    if !operator.is_empty() {
+        println!("\n## What an operator lives with: `nft list ruleset` and `nft monitor` (nft {}), each ruleset loaded with `nft -f`, one run\n", nft_version());
+        print!("{}", bench::operator::operator_table(&operator));
+    }
     if let Some(path) = plot {
         let per_ten = |f: &dyn Fn(&bench::ControlResult) -> Option<f64>| -> Vec<(f64, f64)> {
             results
@@ -552,4 +566,14 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         print!("{}", bench::api_path::api_table(&api));
     }
     Ok(())
+}
+
+/// The `nft` binary's version, as `nft --version` prints it.
+fn nft_version() -> String {
+    std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
 }

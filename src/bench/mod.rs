@@ -10,6 +10,7 @@
 pub mod api_path;
 pub mod apiserver;
 pub mod dataplane;
+pub mod operator;
 pub mod plot;
 
 use crate::core::model::{
@@ -309,6 +310,9 @@ pub struct ControlResult {
     pub service_add_bytes: usize,
     pub service_delete_ms: f64,
     pub service_delete_bytes: usize,
+    /// Listing and monitoring our ruleset, and kube-proxy's shape of it.
+    pub ours_view: Option<operator::OperatorView>,
+    pub kube_proxy_view: Option<operator::OperatorView>,
 }
 
 pub struct BenchOptions {
@@ -316,6 +320,8 @@ pub struct BenchOptions {
     pub runs: usize,
     /// The largest cluster for which kube-proxy's shape is loaded (it is quadratic).
     pub kube_proxy_shape_max: usize,
+    /// The largest cluster whose ruleset is listed and monitored with `nft`.
+    pub operator_max: usize,
     pub prefix: String,
 }
 
@@ -347,15 +353,28 @@ pub fn control_plane(
     let nft_f: Vec<f64> = (0..runs)
         .map(|r| time_nft_file(&tag("nft", r), &ours))
         .collect::<Result<_, _>>()?;
-    let kube_proxy_shape_ms = if services <= opts.kube_proxy_shape_max {
+    let operator = services <= opts.operator_max;
+    let ours_view = if operator {
+        eprintln!("  listing and monitoring our ruleset with nft…");
+        Some(operator::operator_view(&tag("lso", 0), &ours)?)
+    } else {
+        None
+    };
+    let (kube_proxy_shape_ms, kube_proxy_view) = if services <= opts.kube_proxy_shape_max {
         let kp = dir.join("kube-proxy-shape.nft");
         std::fs::write(&kp, kube_proxy_shape(&state)).map_err(|e| e.to_string())?;
         let v: Vec<f64> = (0..runs)
             .map(|r| time_nft_file(&tag("kp", r), &kp))
             .collect::<Result<_, _>>()?;
-        Some(median(v))
+        let view = if operator {
+            eprintln!("  listing and monitoring kube-proxy's shape with nft…");
+            Some(operator::operator_view(&tag("lsk", 0), &kp)?)
+        } else {
+            None
+        };
+        (Some(median(v)), view)
     } else {
-        None
+        (None, None)
     };
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -380,6 +399,8 @@ pub fn control_plane(
         service_add_bytes: incremental.1 .1,
         service_delete_ms: incremental.2 .0,
         service_delete_bytes: incremental.2 .1,
+        ours_view,
+        kube_proxy_view,
     })
 }
 
