@@ -766,3 +766,64 @@ fn ipv6_node_ports_answer_outside_and_pod_clients_over_tcp_and_udp() {
         &["pod-a", "pod-b"],
     );
 }
+
+/// The README's order, `explain --manifests PATH SRC DST`: `--manifests` takes
+/// several paths, and the packet is still found after them.
+#[test]
+fn explain_takes_the_packet_after_the_manifests_as_the_readme_writes_it() {
+    require_root();
+    let ns = kube_nft::netns::Netns::create(&unique("xorder")).unwrap();
+    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lab/hostnames.yaml");
+    let out = kube_nft_in(
+        &ns.name,
+        &[
+            "explain",
+            "--manifests",
+            manifests,
+            "10.0.0.5",
+            "10.0.1.175:80/tcp",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("service: default/hostnames:default"),
+        "{text}"
+    );
+    assert_eq!(text.matches("endpoint 10.244.0.").count(), 3, "{text}");
+}
+
+/// Without a Node object, NodePorts are served on no address; `explain` says so
+/// and names what is missing instead of leaving "service: none" unexplained.
+#[test]
+fn explain_names_the_missing_node_when_nodeports_have_no_address() {
+    require_root();
+    let ns = kube_nft::netns::Netns::create(&unique("xnode")).unwrap();
+    let scratch = Scratch::new("xnode");
+    let manifests = scratch.write(
+        "np.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{port: 80, nodePort: 30080}]\n",
+    );
+    let out = kube_nft_in(
+        &ns.name,
+        &[
+            "explain",
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--node-name",
+            "node-a",
+            "192.0.2.9",
+            "192.0.2.1:30080/tcp",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("note: NodePorts are served on no address") && text.contains("\"node-a\""),
+        "{text}"
+    );
+}

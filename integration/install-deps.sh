@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs, with apt, the system tools kube-nft's lab and tests use, where missing.
-# Sourced by lab.sh and test-all.sh; needs root.
+# Sourced by lab.sh (`source install-deps.sh lab`: only what the demo needs) and
+# test-all.sh (everything); needs root. Installs nothing when nothing is missing.
 set -euo pipefail
+for_lab=$([ "${1:-}" = lab ] && echo 1 || echo 0)
 missing=()
 command -v ip >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
 command -v conntrack >/dev/null || missing+=(conntrack)
-command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft bench's comparison
 command -v cc >/dev/null || missing+=(gcc)  # ring (rustls, the API client's TLS) compiles C
+if [ "$for_lab" = 0 ]; then
+command -v iptables-legacy-restore >/dev/null || missing+=(iptables)  # kube-nft bench's comparison
 # The IPVS tests' guest (integration/vm): qemu, busybox, ipvsadm, and cpio for its initramfs.
 command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 # grep reads the whole list: with -q it would stop early, and busybox would die of SIGPIPE under pipefail.
@@ -15,9 +18,10 @@ command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 command -v ipvsadm >/dev/null || missing+=(ipvsadm)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v python3 >/dev/null || missing+=(python3)
+fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "kube-nft needs a Rust toolchain (cargo): https://rustup.rs" >&2; exit 1; }

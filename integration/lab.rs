@@ -84,3 +84,17 @@ fn lab_runs_a_users_manifests_with_udp_and_an_empty_service() {
 fn netns_exists(name: &str) -> bool {
     kube_nft::netns::netns_path(name).exists()
 }
+
+/// Fewer requests than pods: the lab fails, and its last line says why.
+#[test]
+fn a_lab_that_fails_says_which_pods_got_no_request() {
+    let prefix = unique("labfew");
+    let (ok, out) = lab(&["--requests", "1", "--prefix", &prefix]);
+    assert!(!ok, "{out}");
+    let last = out.lines().rfind(|l| l.starts_with("lab ")).unwrap_or("");
+    assert!(
+        last.starts_with("lab FAILED: default/hostnames:default: 2 pod(s) got no request: ")
+            && last.ends_with("(1 requests for 3 pods: use more)"),
+        "{out}"
+    );
+}

@@ -324,6 +324,8 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut was_ready = false;
+    // Said once per different reason: NodePorts with no address to serve them on.
+    let mut unserved: Option<String> = None;
     loop {
         let ready = store.synced() && manifests.as_ref().is_none_or(ManifestStore::ready);
         if ready && !was_ready {
@@ -355,6 +357,13 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
                         last_full = now;
                     }
                     log_sync(&r);
+                    let now_unserved = engine.config().nodeports_unserved(store.state());
+                    if now_unserved != unserved {
+                        if let Some(why) = &now_unserved {
+                            tracing::warn!("{why}");
+                        }
+                        unserved = now_unserved;
+                    }
                     health.updated();
                     metrics.sync_succeeded(&r, store.state(), done);
                     metrics.programmed(&programmed_triggers(&mut store, &r), done);

@@ -42,9 +42,9 @@ enum Command {
         #[command(flatten)]
         proxy: ProxyArgs,
         /// The source address (one of this node's addresses: the output path).
-        src: std::net::IpAddr,
+        src: Option<std::net::IpAddr>,
         /// Destination as ADDR:PORT/PROTO, e.g. 10.96.0.10:53/udp or [fd00::1]:80/tcp.
-        dst: String,
+        dst: Option<String>,
     },
     /// Remove kube-nft's tables from the current network namespace, and with the
     /// IPVS backend's leftovers: kube-ipvs0 and the virtual services on this
@@ -71,12 +71,16 @@ enum Command {
         /// Prefix of the namespaces' names.
         #[arg(long, default_value = "kn-lab")]
         prefix: String,
+        /// The pods' CIDRs (comma-separated, one per family): traffic from
+        /// outside them to a ClusterIP is masqueraded.
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_CLUSTER_CIDR)]
         cluster_cidr: Vec<IpNet>,
+        /// The Services' CIDRs (comma-separated, one per family): addresses there
+        /// that no Service holds are dropped.
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
         /// `nftables`, or `ipvs` where the kernel has IPVS.
-        #[arg(long, alias = "proxy-mode", default_value = "nftables", value_parser = ProxyMode::NAMES)]
+        #[arg(long, visible_alias = "proxy-mode", default_value = "nftables", value_parser = ProxyMode::NAMES)]
         backend: String,
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
@@ -163,10 +167,10 @@ struct RunArgs {
     #[arg(long)]
     master: Option<String>,
     /// This node's name, if not its hostname.
-    #[arg(long, alias = "node-name")]
+    #[arg(long, visible_alias = "node-name")]
     hostname_override: Option<String>,
     /// `nftables` (the default) or `ipvs` (IPVS balances; nftables does the rest).
-    #[arg(long, alias = "backend")]
+    #[arg(long, visible_alias = "backend")]
     proxy_mode: Option<String>,
     /// The IPVS scheduler for Services without the `kube-nft.io/ipvs-scheduler`
     /// annotation (default rr).
@@ -256,7 +260,7 @@ struct ProxyArgs {
     #[arg(long, num_args = 1.., required = true)]
     manifests: Vec<PathBuf>,
     /// This node's name, to pick its Node object.
-    #[arg(long, alias = "hostname-override")]
+    #[arg(long, visible_alias = "hostname-override")]
     node_name: Option<String>,
     /// Pod CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
@@ -264,18 +268,22 @@ struct ProxyArgs {
     /// Service CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
     service_cidr: Vec<IpNet>,
+    /// The bit of the packet mark that asks for masquerading (kube-proxy's
+    /// `--iptables-masquerade-bit`; 14 is 0x4000).
     #[arg(long, default_value_t = DEFAULT_MASQUERADE_BIT)]
     masquerade_bit: u8,
     /// `primary`, `all`, or CIDRs selecting this node's addresses.
     #[arg(long, default_value = "primary")]
     nodeport_addresses: NodePortAddresses,
+    /// Masquerade every connection to a Service, not only those from outside
+    /// the cluster CIDRs.
     #[arg(long)]
     masquerade_all: bool,
     /// Include the per-Service-port counters.
     #[arg(long)]
     counters: bool,
     /// `ipvs`: the table the IPVS backend keeps beside IPVS.
-    #[arg(long, alias = "backend", default_value = "nftables", value_parser = ProxyMode::NAMES)]
+    #[arg(long, visible_alias = "backend", default_value = "nftables", value_parser = ProxyMode::NAMES)]
     proxy_mode: String,
 }
 
@@ -341,7 +349,12 @@ fn main() -> ExitCode {
         }
         Command::Cleanup => cleanup(),
         Command::Top { limit } => top(limit),
-        Command::Explain { proxy, src, dst } => explain(&proxy, src, &dst),
+        Command::Explain {
+            mut proxy,
+            src,
+            dst,
+        } => packet_after_manifests(&mut proxy, src, dst)
+            .and_then(|(src, dst)| explain(&proxy, src, &dst)),
         Command::Lab {
             manifests,
             requests,
@@ -406,15 +419,44 @@ fn cleanup() -> Result<bool, String> {
     Ok(true)
 }
 
+/// `explain --manifests PATH… SRC DST` (the README's order): `--manifests` takes
+/// every value up to the next flag, so the packet ends up as its last two values.
+/// Takes them back from there when they read as a packet.
+fn packet_after_manifests(
+    proxy: &mut ProxyArgs,
+    src: Option<std::net::IpAddr>,
+    dst: Option<String>,
+) -> Result<(std::net::IpAddr, String), String> {
+    if let (Some(src), Some(dst)) = (src, dst) {
+        return Ok((src, dst));
+    }
+    let n = proxy.manifests.len();
+    let tail = |i: usize| proxy.manifests[i].to_str().map(str::to_string);
+    if n >= 3 {
+        if let (Some(s), Some(d)) = (tail(n - 2), tail(n - 1)) {
+            if let (Ok(src), true) = (s.parse(), d.contains(':') && d.contains('/')) {
+                proxy.manifests.truncate(n - 2);
+                return Ok((src, d));
+            }
+        }
+    }
+    Err("explain needs a packet: SRC DST:PORT/PROTO, e.g. `kube-nft explain --manifests app.yaml 10.0.0.5 10.96.0.10:80/tcp`".into())
+}
+
 fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, String> {
     use kube_nft::explain;
     let packet: explain::Packet = format!("{src} {dst}").parse()?;
     let config = proxy.config_here()?;
-    let ruleset = proxy.desired(&config)?;
+    let loaded = files::load(&proxy.manifests).map_err(|e| format!("manifest {e}"))?;
+    let (ruleset, validated) =
+        kube_nft::nft::translate::desired(&loaded.objects, proxy.node_name.as_deref(), &config);
     let local = kube_nft::netlink::route::local_addresses()
         .map_err(|e| format!("reading this node's addresses: {e}"))?;
     let e = explain::explain(&ruleset, &packet, &local);
     print!("{}", explain::render(&e));
+    if let Some(why) = config.nodeports_unserved(&validated.state) {
+        println!("note: {why}");
+    }
     Ok(true)
 }
 
@@ -494,7 +536,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         eprintln!("control plane: {services} Services, {endpoints} endpoints…");
         results.push(bench::control_plane(&opts, *services, *endpoints)?);
     }
-    println!("## Control plane (median of {runs} runs)\n");
+    println!("## Control plane (median of {})\n", runs_text(runs));
     print!("{}", bench::control_table(&results));
     println!("\n{}", bench::linearity(&results));
     let operator: Vec<_> = results
@@ -562,7 +604,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             }
             api.push(all);
         }
-        println!("\n## API path: `kube-nft run --once` fed N Services × 10 endpoints by the loopback API server, in pages of 500 (median of {runs} runs)\n");
+        println!("\n## API path: `kube-nft run --once` fed N Services × 10 endpoints by the loopback API server, in pages of 500 (median of {})\n", runs_text(runs));
         print!("{}", bench::api_path::api_table(&api));
     }
     Ok(())
@@ -576,4 +618,12 @@ fn nft_version() -> String {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// "1 run", "3 runs".
+fn runs_text(runs: usize) -> String {
+    match runs.max(1) {
+        1 => "1 run".into(),
+        n => format!("{n} runs"),
+    }
 }

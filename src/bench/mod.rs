@@ -491,8 +491,8 @@ pub fn control_table(results: &[ControlResult]) -> String {
     for r in results {
         writeln!(
             out,
-            "| {}k × {} | {} | {} | {} | {:.0} MiB | {} | {:.2}× faster | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
-            r.services / 1000,
+            "| {} × {} | {} | {} | {} | {:.0} MiB | {} | {:.2}× faster | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
+            thousands(r.services),
             if r.endpoints % r.services == 0 { format!("{}", r.endpoints / r.services) } else { format!("{:.1} ({}k)", r.endpoints as f64 / r.services as f64, r.endpoints / 1000) },
             fmt_ms(r.cold_ms),
             fmt_ms(r.cold_kernel_ms),
@@ -515,14 +515,23 @@ pub fn control_table(results: &[ControlResult]) -> String {
     out
 }
 
+/// `200`, `10k`, `2.5k`: a count as the tables show it.
+pub fn thousands(n: usize) -> String {
+    match n {
+        n if n < 1000 => n.to_string(),
+        n if n % 1000 == 0 => format!("{}k", n / 1000),
+        n => format!("{:.1}k", n as f64 / 1000.0),
+    }
+}
+
 /// Time per 1000 Services at each size: flat when the cost is linear.
 pub fn linearity(results: &[ControlResult]) -> String {
     let mut out = String::from("Cold full sync per 1000 Services (flat = linear):");
     for r in results {
         let size = if r.endpoints == r.services * 10 {
-            format!("{}k", r.services / 1000)
+            thousands(r.services)
         } else {
-            format!("{}k × {}k", r.services / 1000, r.endpoints / 1000)
+            format!("{} × {}", thousands(r.services), thousands(r.endpoints))
         };
         write!(
             out,

@@ -3,7 +3,7 @@
 //! and which proxy mode runs (with the IPVS scheduler check, shared by the flag,
 //! the config file and the per-Service annotation).
 
-use crate::core::model::NodeInfo;
+use crate::core::model::{ClusterState, NodeInfo};
 use crate::core::net::Family;
 use ipnet::IpNet;
 use std::fmt;
@@ -235,11 +235,93 @@ impl NodeConfig {
         ips
     }
 
+    /// Why NodePorts are served on no address of this node, when they are not
+    /// and some Service has one: said once by `run`, and by `explain`.
+    pub fn nodeports_unserved(&self, state: &ClusterState) -> Option<String> {
+        let wanted = state
+            .services
+            .values()
+            .any(|s| s.ports.iter().any(|p| p.node_port.is_some()));
+        let node = state.node.as_ref();
+        if !wanted
+            || Family::ALL
+                .into_iter()
+                .any(|f| !self.nodeport_ips(node, f).is_empty())
+        {
+            return None;
+        }
+        Some(match (&self.nodeport_addresses, node) {
+            (NodePortAddresses::Primary, Some(n)) if n.primary_ips.is_empty() => format!(
+                "NodePorts are served on no address: this node's Node object ({:?}) is missing or has no InternalIP; it gives the addresses (or set --nodeport-addresses to CIDRs)",
+                n.name
+            ),
+            (NodePortAddresses::Primary, _) => "NodePorts are served on no address: there is no Node object for this node to give its addresses (name it with --hostname-override, or set --nodeport-addresses to CIDRs)".into(),
+            (NodePortAddresses::Cidrs(c), _) => format!(
+                "NodePorts are served on no address: none of this node's addresses is in --nodeport-addresses {}",
+                c.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
+            ),
+        })
+    }
+
     /// The first CIDR of `family` among `cidrs`, host bits cleared.
     pub fn cidr(cidrs: &[IpNet], family: Family) -> Option<IpNet> {
         cidrs
             .iter()
             .find(|c| Family::of_net(c) == family)
             .map(|c| c.trunc())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{Service, ServiceKey, ServicePort, TargetPort};
+    use crate::core::net::Protocol;
+
+    fn with_nodeport(node: Option<NodeInfo>) -> ClusterState {
+        let key = ServiceKey {
+            namespace: "default".into(),
+            name: "web".into(),
+        };
+        let svc = Service {
+            key: key.clone(),
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                target_port: TargetPort::Number(8080),
+                node_port: Some(30080),
+            }],
+            ..Service::default()
+        };
+        ClusterState {
+            services: [(key, svc)].into_iter().collect(),
+            node,
+            ..ClusterState::default()
+        }
+    }
+
+    #[test]
+    fn nodeports_without_an_address_to_serve_them_on_are_explained() {
+        let config = NodeConfig::default();
+        let why = config.nodeports_unserved(&with_nodeport(None)).unwrap();
+        assert!(why.contains("no Node object"), "{why}");
+        let nameless = NodeInfo {
+            name: "node-a".into(),
+            ..NodeInfo::default()
+        };
+        let why = config
+            .nodeports_unserved(&with_nodeport(Some(nameless.clone())))
+            .unwrap();
+        assert!(why.contains("\"node-a\""), "{why}");
+        let addressed = NodeInfo {
+            primary_ips: vec!["192.0.2.1".parse().unwrap()],
+            ..nameless
+        };
+        assert_eq!(
+            config.nodeports_unserved(&with_nodeport(Some(addressed))),
+            None
+        );
+        assert_eq!(config.nodeports_unserved(&ClusterState::default()), None);
     }
 }

@@ -165,6 +165,9 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     }
 
     // The proxy: one sync in the node namespace, through the same path as `run`.
+    if let Some(why) = opts.config.nodeports_unserved(&validated.state) {
+        println!("note: {why}");
+    }
     let state = validated.state.clone();
     let config = opts.config.clone();
     let (ruleset, report, matches) =
@@ -265,6 +268,11 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     })?;
 
     let mut ok = matches;
+    // Why the lab failed, in words, for its last line.
+    let mut reasons: Vec<String> = Vec::new();
+    if !matches {
+        reasons.push("the kernel's readback differs from the desired ruleset".into());
+    }
     println!("\nsummary");
     for r in &results {
         let answered: usize = r.answers.values().sum();
@@ -276,16 +284,48 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
             // No endpoints: every request must have been refused at once.
             let refused = r.failures.iter().filter(|f| f.contains("refused")).count();
             println!("    no endpoints: {refused}/{requests} refused");
-            ok &= refused == requests || r.protocol == Protocol::Udp;
+            if refused != requests && r.protocol != Protocol::Udp {
+                reasons.push(format!(
+                    "{}: {} of {requests} requests were not refused",
+                    r.label,
+                    requests - refused
+                ));
+            }
             continue;
         }
+        let mut idle = Vec::new();
         for (addr, name) in &r.expected {
             let n = r.answers.get(name).copied().unwrap_or(0);
             println!("    {name:<32} {addr:<15} {n:>4}");
-            ok &= n > 0;
+            if n == 0 {
+                idle.push(name.as_str());
+            }
         }
-        ok &= r.failures.is_empty();
+        if !idle.is_empty() {
+            let hint = if requests < r.expected.len() {
+                format!(
+                    " ({requests} requests for {} pods: use more)",
+                    r.expected.len()
+                )
+            } else {
+                String::new()
+            };
+            reasons.push(format!(
+                "{}: {} pod(s) got no request: {}{hint}",
+                r.label,
+                idle.len(),
+                idle.join(", ")
+            ));
+        }
+        if !r.failures.is_empty() {
+            reasons.push(format!(
+                "{}: {} request(s) failed",
+                r.label,
+                r.failures.len()
+            ));
+        }
     }
+    ok &= reasons.is_empty();
 
     let families: BTreeSet<Family> = results.iter().map(|r| Family::of(&r.target.ip())).collect();
     // The main table, and the Service tables that hold the demo's Services.
@@ -341,13 +381,10 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
         println!("\nkept: {} (remove with: for n in {}; do ip netns pids $n | xargs -r kill; ip netns del $n; done)",
             topo.namespaces().join(" "), topo.namespaces().join(" "));
     }
-    println!(
-        "\nlab {}",
-        if ok {
-            "passed: every pod answered"
-        } else {
-            "FAILED"
-        }
-    );
+    if ok {
+        println!("\nlab passed: every pod answered");
+    } else {
+        println!("\nlab FAILED: {}", reasons.join("; "));
+    }
     Ok(ok)
 }
