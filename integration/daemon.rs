@@ -277,7 +277,7 @@ fn a_manifest_that_does_not_parse_fails_once_and_render_and_deletes_nothing() {
             "{command} succeeded on a broken file"
         );
         assert!(
-            err.contains("broken.yaml:3: not valid YAML"),
+            err.contains("broken.yaml:2: not valid YAML"),
             "{command}: {err}"
         );
         assert!(

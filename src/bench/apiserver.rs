@@ -206,7 +206,7 @@ impl ApiServer {
 
     /// Creates or replaces an object (given as YAML or JSON), as a client would.
     pub fn apply(&self, kind: Kind, manifest: &str) {
-        let obj: Value = serde_yaml::from_str(manifest).unwrap();
+        let obj: Value = serde_saphyr::from_str(manifest).unwrap();
         let mut s = self.state.lock().unwrap();
         let objects = s.objects.entry(kind).or_default();
         let verb = if objects.contains_key(&key_of(&obj)) {

@@ -51,10 +51,10 @@ pub(super) struct ClientConnection {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(super) struct Logging {
     pub(super) format: Option<String>,
-    pub(super) flush_frequency: Option<serde_yaml::Value>,
+    pub(super) flush_frequency: Option<serde_json::Value>,
     pub(super) verbosity: Option<u32>,
-    pub(super) vmodule: Option<serde_yaml::Value>,
-    pub(super) options: Option<serde_yaml::Value>,
+    pub(super) vmodule: Option<serde_json::Value>,
+    pub(super) options: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,8 +125,19 @@ pub(super) struct ConntrackSection {
 
 impl FileConfig {
     pub(super) fn parse(text: &str, origin: &Path) -> Result<FileConfig, String> {
-        let file: FileConfig =
-            serde_yaml::from_str(text).map_err(|e| format!("{}: {e}", origin.display()))?;
+        let file: FileConfig = serde_saphyr::from_str(text).map_err(|e| {
+            // The line at fault, so that the message names the field.
+            let line = e
+                .location()
+                .and_then(|l| text.lines().nth((l.line() as usize).checked_sub(1)?))
+                .map(|l| format!(" (`{}`)", l.trim()))
+                .unwrap_or_default();
+            format!(
+                "{}: {}{line}",
+                origin.display(),
+                crate::source::files::yaml_error(&e)
+            )
+        })?;
         let at = |e: String| format!("{}: {e}", origin.display());
         match file.api_version.as_deref() {
             Some(API_VERSION) => {}

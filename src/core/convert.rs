@@ -639,11 +639,11 @@ mod tests {
     use super::*;
 
     fn service(yaml: &str) -> core::Service {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     fn slice(yaml: &str) -> discovery::EndpointSlice {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_saphyr::from_str(yaml).unwrap()
     }
 
     const WEB: &str = r#"

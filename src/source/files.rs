@@ -13,7 +13,7 @@
 use super::{Delta, Update};
 use crate::core::convert::Objects;
 use crate::core::model::Rejected;
-use serde::Deserialize;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -257,26 +257,34 @@ pub fn parse(text: &str, origin: &str) -> Result<Loaded, (Option<usize>, String)
     if text.trim().is_empty() {
         return Err((None, "is empty".into()));
     }
+    // Each document as JSON's data model: what the API types deserialize from.
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
+        let line = e.location().map(|l| l.line() as usize);
+        (line, format!("not valid YAML: {}", yaml_error(&e)))
+    })?;
     let mut loaded = Loaded::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in docs.into_iter().enumerate() {
         let position = format!("{origin}: document {}", i + 1);
-        match serde_yaml::Value::deserialize(doc) {
-            Ok(serde_yaml::Value::Null) => {}
-            Ok(value) => add_value(value, &position, &mut loaded),
-            Err(e) => {
-                let line = e.location().map(|l| l.line());
-                return Err((line, format!("not valid YAML: {e}")));
-            }
+        if !doc.is_null() {
+            add_value(doc, &position, &mut loaded);
         }
     }
     Ok(loaded)
 }
 
-fn str_field<'a>(v: &'a serde_yaml::Value, key: &str) -> &'a str {
-    v.get(key).and_then(|x| x.as_str()).unwrap_or("")
+/// A YAML error in one line: the parser's first line, without the source
+/// snippet it draws under it.
+pub fn yaml_error(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
 }
 
-fn add_value(value: serde_yaml::Value, position: &str, loaded: &mut Loaded) {
+fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn add_value(value: Value, position: &str, loaded: &mut Loaded) {
     let api_version = str_field(&value, "apiVersion").to_string();
     let kind = str_field(&value, "kind").to_string();
     let name = value
@@ -284,36 +292,35 @@ fn add_value(value: serde_yaml::Value, position: &str, loaded: &mut Loaded) {
         .map(|m| str_field(m, "name").to_string())
         .unwrap_or_default();
     let object = format!("{kind} {name} ({position})");
-    let bad = |e: serde_yaml::Error| Rejected {
+    let bad = |e: serde_json::Error| Rejected {
         object: object.clone(),
         field: String::new(),
         reason: e.to_string(),
     };
     match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => match serde_yaml::from_value(value) {
+        ("v1", "Service") => match serde_json::from_value(value) {
             Ok(s) => loaded.objects.services.push(s),
             Err(e) => loaded.rejected.push(bad(e)),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_yaml::from_value(value) {
+        ("discovery.k8s.io/v1", "EndpointSlice") => match serde_json::from_value(value) {
             Ok(s) => loaded.objects.slices.push(s),
             Err(e) => loaded.rejected.push(bad(e)),
         },
-        ("v1", "Node") => match serde_yaml::from_value(value) {
+        ("v1", "Node") => match serde_json::from_value(value) {
             Ok(n) => loaded.objects.nodes.push(n),
             Err(e) => loaded.rejected.push(bad(e)),
         },
         (_, "List") | (_, "ServiceList") | (_, "EndpointSliceList") | (_, "NodeList") => {
             let items = match value.get("items") {
-                Some(serde_yaml::Value::Sequence(items)) => items.clone(),
+                Some(Value::Array(items)) => items.clone(),
                 _ => Vec::new(),
             };
             // Items of a typed list may omit apiVersion/kind; fill them in from the list.
             let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
             for (i, mut item) in items.into_iter().enumerate() {
-                if let (Some(k), serde_yaml::Value::Mapping(m)) = (item_kind, &mut item) {
-                    m.entry("kind".into()).or_insert(k.into());
-                    m.entry("apiVersion".into())
-                        .or_insert(api_version.clone().into());
+                if let (Some(k), Value::Object(m)) = (item_kind, &mut item) {
+                    m.entry("kind").or_insert(k.into());
+                    m.entry("apiVersion").or_insert(api_version.clone().into());
                 }
                 add_value(item, &format!("{position}, item {}", i + 1), loaded);
             }
@@ -407,7 +414,7 @@ endpoints: []
     fn a_syntax_error_fails_the_whole_text_with_its_line() {
         let text = format!("{WEB}---\nkind: [unclosed\n");
         let (line, reason) = parse(&text, "t.yaml").unwrap_err();
-        assert_eq!(line, Some(7), "{reason}");
+        assert_eq!(line, Some(6), "{reason}");
         assert!(reason.contains("not valid YAML"), "{reason}");
         assert!(parse("\u{0}\u{1}garbage: : :\n", "t.yaml").is_err());
     }

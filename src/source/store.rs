@@ -420,7 +420,7 @@ mod tests {
     use super::*;
 
     fn service(name: &str, ip: &str) -> core::Service {
-        serde_yaml::from_str(&format!(
+        serde_saphyr::from_str(&format!(
             "metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}"
         ))
         .unwrap()
