@@ -453,3 +453,48 @@ fn ipvs_mode_on_a_kernel_without_ipvs_says_so_and_programs_nothing() {
         "programmed anyway"
     );
 }
+
+/// kube-proxy's logging flags carry over from a DaemonSet's args: `--v` sets the
+/// level, `--logging-format json` writes JSON lines, `--vmodule` and
+/// `--log-flush-frequency` are accepted, the alpha split-stream flags are
+/// refused by name.
+#[test]
+fn kube_proxy_logging_flags_are_taken_or_refused_by_name() {
+    let c = Cluster::new("logflags", &PODS, &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let mut args = proxy_command("run", &manifests);
+    args.extend([
+        "--once",
+        "--v=4",
+        "--vmodule=proxier=5",
+        "--logging-format",
+        "json",
+        "--log-flush-frequency",
+        "5s",
+    ]);
+    let out = kube_nft_in(c.node(), &args);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "DEBUG"),
+        "--v=4 logs debug:\n{log}"
+    );
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("synced in"))),
+        "{log}"
+    );
+    let mut refused = proxy_command("run", &manifests);
+    refused.extend(["--once", "--log-json-split-stream"]);
+    let out = kube_nft_in(c.node(), &refused);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--log-json-split-stream: not supported"),
+        "{err}"
+    );
+}

@@ -110,7 +110,16 @@ impl Engine {
                 SyncKind::Partial => d.partial_sync(state, &self.config, &recomputed),
             };
             match result {
-                Ok(w) => written.push((d.name(), w)),
+                Ok(w) => {
+                    tracing::debug!(
+                        dataplane = d.name(),
+                        kind = ?kind,
+                        messages = w.committed.messages,
+                        bytes = w.committed.bytes,
+                        "dataplane synced"
+                    );
+                    written.push((d.name(), w))
+                }
                 Err(e) => {
                     self.full_sync_needed = true;
                     return Err(e);

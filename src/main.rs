@@ -152,8 +152,80 @@ struct BenchArgs {
     api_sizes: Vec<usize>,
 }
 
+/// kube-proxy's logging flags, so that a DaemonSet's args carry over.
+#[derive(Args, Default)]
+struct LoggingArgs {
+    /// Log verbosity, as kube-proxy's: 0 and 1 log info, 2 to 4 debug, 5 and up
+    /// trace (`RUST_LOG`, when set, wins).
+    #[arg(long = "v", short = 'v', value_name = "LEVEL")]
+    verbosity: Option<u8>,
+    /// Accepted and ignored: kube-nft has no per-file verbosity.
+    #[arg(long, value_name = "PATTERN=N,...")]
+    vmodule: Option<String>,
+    /// `text` (the default) or `json`, one object per line.
+    #[arg(long, value_parser = ["text", "json"])]
+    logging_format: Option<String>,
+    /// Accepted and ignored: kube-nft writes each log line at once, unbuffered.
+    #[arg(long, value_parser = config::parse_duration)]
+    log_flush_frequency: Option<std::time::Duration>,
+    /// Refused: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    log_text_split_stream: Option<String>,
+    /// Refused: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "QUANTITY")]
+    log_text_info_buffer_size: Option<String>,
+    /// Refused: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    log_json_split_stream: Option<String>,
+    /// Refused: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "QUANTITY")]
+    log_json_info_buffer_size: Option<String>,
+}
+
+impl LoggingArgs {
+    /// The log filter `--v` asks for, unless `RUST_LOG` is set.
+    fn filter(&self) -> String {
+        match self.verbosity {
+            None | Some(0..=1) => DEFAULT_LOG_FILTER.into(),
+            Some(2..=4) => "debug,kube_client::client::builder=off".into(),
+            Some(_) => "trace".into(),
+        }
+    }
+
+    /// Each flag kube-nft refuses, by name.
+    fn refused(&self) -> Result<(), String> {
+        for (flag, given) in [
+            (
+                "--log-text-split-stream",
+                self.log_text_split_stream.is_some(),
+            ),
+            (
+                "--log-text-info-buffer-size",
+                self.log_text_info_buffer_size.is_some(),
+            ),
+            (
+                "--log-json-split-stream",
+                self.log_json_split_stream.is_some(),
+            ),
+            (
+                "--log-json-info-buffer-size",
+                self.log_json_info_buffer_size.is_some(),
+            ),
+        ] {
+            if given {
+                return Err(format!(
+                    "{flag}: not supported by kube-nft (logs go to stderr, unbuffered)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Args)]
 struct RunArgs {
+    #[command(flatten)]
+    logging: LoggingArgs,
     /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -326,16 +398,32 @@ impl ProxyArgs {
 /// outage once, when it starts, and again when it ends.
 const DEFAULT_LOG_FILTER: &str = "info,kube_client::client::builder=off";
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+/// Logs to stderr, filtered by `RUST_LOG` or else by `run --v`, as text or JSON.
+fn init_logging(logging: Option<&LoggingArgs>) {
+    let fallback = logging.map_or_else(|| DEFAULT_LOG_FILTER.into(), LoggingArgs::filter);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| fallback.into());
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
-        )
-        .init();
+        .with_env_filter(filter);
+    if logging.and_then(|l| l.logging_format.as_deref()) == Some("json") {
+        builder.json().init();
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
+    if logging.is_some_and(|l| l.vmodule.is_some()) {
+        tracing::warn!("--vmodule is accepted and ignored: kube-nft has no per-file verbosity");
+    }
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging(match &cli.command {
+        Command::Run(args) => Some(&args.logging),
+        _ => None,
+    });
     let result: Result<bool, String> = match cli.command {
         Command::Run(args) => run(&args),
         Command::Render { proxy } => {
@@ -399,6 +487,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> Result<bool, String> {
+    args.logging.refused()?;
     if args.cleanup {
         return cleanup();
     }
