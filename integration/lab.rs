@@ -98,3 +98,40 @@ fn a_lab_that_fails_says_which_pods_got_no_request() {
         "{out}"
     );
 }
+
+/// `lab --keep` leaves the pod servers running; they must not hold the lab's
+/// output open, or `kube-nft lab --keep 2>&1 | tail` never ends.
+#[test]
+fn a_kept_lab_does_not_hold_its_output_pipe_open() {
+    require_root();
+    let prefix = unique("labkeep");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{BIN} lab --keep --prefix {prefix} 2>&1 | tail -1"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let finished = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    for ns in ["node", "client", "p0", "p1", "p2"].map(|n| format!("{prefix}-{n}")) {
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ip netns pids {ns} | xargs -r kill; ip netns del {ns}"
+            ))
+            .status();
+    }
+    assert!(
+        finished.is_some_and(|s| s.success()),
+        "the pipe stayed open after the lab ended"
+    );
+}

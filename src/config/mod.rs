@@ -228,8 +228,18 @@ fn masquerade_bit(field: &str, bit: Option<i32>) -> Result<Option<u8>, String> {
     }
 }
 
-/// Reads the file (if any) and merges it with the flags.
+/// Reads the file (if any) and merges it with the flags. An error about a value
+/// from the file names the file; one about a flag names the flag.
 pub fn resolve(flags: &Flags) -> Result<Settings, String> {
+    resolve_flags_and_file(flags).map_err(|e| match &flags.config {
+        Some(path) if !e.starts_with("--") && !e.starts_with(&path.display().to_string()) => {
+            format!("{}: {e}", path.display())
+        }
+        _ => e,
+    })
+}
+
+fn resolve_flags_and_file(flags: &Flags) -> Result<Settings, String> {
     let file = match &flags.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)

@@ -207,6 +207,10 @@ fn invalid_files_fail_naming_the_field() {
         let text = KUBEADM.replacen(from, to, 1);
         let err = resolve_text(&text, Flags::default()).unwrap_err();
         assert!(err.contains(field), "{to:?}: {err}");
+        assert!(
+            err.contains(".yaml: "),
+            "{to:?}: the file is not named: {err}"
+        );
     }
     let err = resolve_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nnftables: {masqueradeAll: yes please}\n", Flags::default()).unwrap_err();
     assert!(

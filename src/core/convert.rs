@@ -628,9 +628,15 @@ pub fn validate(objects: &Objects, node_name: Option<&str>) -> Validated {
     validated
 }
 
+/// One line per rejected object: the object and, when known, the field, as
+/// structured fields; the reason as the message.
 pub fn log_rejected(rejected: &[Rejected]) {
     for r in rejected {
-        tracing::warn!(object = %r.object, field = %r.field, "rejected: {r}");
+        if r.field.is_empty() {
+            tracing::warn!(object = %r.object, "rejected: {}", r.reason);
+        } else {
+            tracing::warn!(object = %r.object, field = %r.field, "rejected: {}", r.reason);
+        }
     }
 }
 

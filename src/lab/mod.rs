@@ -55,10 +55,9 @@ fn start_pod_server(netns: &str, name: &str, ports: &BTreeSet<u16>) -> io::Resul
     for p in ports {
         cmd.args(["--port", &p.to_string()]);
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
+    // Not the lab's stderr: with --keep the server outlives the lab, and would
+    // hold a pipe the lab's output goes into open (`kube-nft lab --keep 2>&1 | cat`).
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
     if line.trim() != "ready" {
