@@ -773,13 +773,15 @@ fn ipv6_node_ports_answer_outside_and_pod_clients_over_tcp_and_udp() {
 fn explain_takes_the_packet_after_the_manifests_as_the_readme_writes_it() {
     require_root();
     let ns = kube_nft::netns::Netns::create(&unique("xorder")).unwrap();
-    let manifests = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lab/hostnames.yaml");
+    // Written out: the guest that runs these tests again has no source tree.
+    let scratch = Scratch::new("xorder");
+    let manifests = scratch.write("hostnames.yaml", kube_nft::lab::DEFAULT_MANIFESTS);
     let out = kube_nft_in(
         &ns.name,
         &[
             "explain",
             "--manifests",
-            manifests,
+            manifests.to_str().unwrap(),
             "10.0.0.5",
             "10.0.1.175:80/tcp",
         ],
