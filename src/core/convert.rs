@@ -628,15 +628,12 @@ pub fn validate(objects: &Objects, node_name: Option<&str>) -> Validated {
     validated
 }
 
-/// One line per rejected object: the object and, when known, the field, as
-/// structured fields; the reason as the message.
+/// One line per rejected object, naming it and the field at fault
+/// (`Service default/web: spec.ports[1].port: 0 is not a valid port`); the
+/// message says it all, so no structured field repeats it.
 pub fn log_rejected(rejected: &[Rejected]) {
     for r in rejected {
-        if r.field.is_empty() {
-            tracing::warn!(object = %r.object, "rejected: {}", r.reason);
-        } else {
-            tracing::warn!(object = %r.object, field = %r.field, "rejected: {}", r.reason);
-        }
+        tracing::warn!("rejected: {r}");
     }
 }
 
