@@ -50,6 +50,15 @@ struct Listing {
     service_cidrs: Option<BTreeMap<String, Vec<IpNet>>>,
 }
 
+/// The keys a finished list did not bring: gone.
+fn unseen<'a, K: Ord + Clone + 'a>(
+    have: impl Iterator<Item = &'a K>,
+    seen: Option<BTreeSet<K>>,
+) -> Vec<K> {
+    let seen = seen.unwrap_or_default();
+    have.filter(|k| !seen.contains(*k)).cloned().collect()
+}
+
 /// What changed in the store since the engine last looked.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
@@ -222,15 +231,8 @@ impl ClusterStore {
                     self.apply_service(&svc, true, &mut out);
                 }
                 Delta::Listed => {
-                    let seen = self.listing.services.take().unwrap_or_default();
-                    let gone: Vec<ServiceKey> = self
-                        .state
-                        .services
-                        .keys()
-                        .filter(|k| !seen.contains(*k))
-                        .cloned()
-                        .collect();
-                    for key in gone {
+                    let seen = self.listing.services.take();
+                    for key in unseen(self.state.services.keys(), seen) {
                         out.service_changes += self.set_service(&key, None) as usize;
                     }
                     self.listed.insert(Kind::Service);
@@ -247,14 +249,8 @@ impl ClusterStore {
                     self.apply_slice(&slice, true, &mut out);
                 }
                 Delta::Listed => {
-                    let seen = self.listing.slices.take().unwrap_or_default();
-                    let gone: Vec<(String, String)> = self
-                        .slice_owners
-                        .keys()
-                        .filter(|id| !seen.contains(*id))
-                        .cloned()
-                        .collect();
-                    for id in gone {
+                    let seen = self.listing.slices.take();
+                    for id in unseen(self.slice_owners.keys(), seen) {
                         self.remove_slice(&id, &mut out);
                     }
                     self.listed.insert(Kind::Slice);
