@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds Kubernetes' kube-apiserver, kube-controller-manager and kube-proxy from
+# their Go modules, for tests and benchmarks against the real components:
+#
+#   integration/k8s/build.sh            # prints the directory of the binaries
+#
+# The version is K8S_VERSION (default below); the binaries are cached outside the
+# checkout, in $KUBE_NFT_CACHE/k8s-VERSION/bin (default /var/cache/kube-nft), so a
+# second run builds nothing. The build uses the machine's Go (GOTOOLCHAIN=local):
+# Go 1.27's JSON changes break the API server's /openapi/v2.
+#
+# k8s.io/kubernetes names its staging modules (k8s.io/api, client-go, …) at
+# v0.0.0 and replaces them with its own tree; a module that requires it must
+# replace each with the published v0.MINOR.PATCH instead, which this writes.
+set -euo pipefail
+version=${K8S_VERSION:-1.36.3}
+cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version
+components=(kube-apiserver kube-controller-manager kube-proxy)
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+
+missing=()
+for c in "${components[@]}"; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
+if ((${#missing[@]} == 0)); then
+  echo "$cache/bin"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "k8s: building Kubernetes needs Go (1.26)" >&2; exit 1; }
+module=$cache/module
+mkdir -p "$module" "$cache/bin"
+cd "$module"
+staging_version="v0.${version#1.}"
+kube_mod=$(go mod download -json "k8s.io/kubernetes@v$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+{
+  echo "module kube-nft.test/k8s-build"
+  echo
+  echo "go 1.26"
+  echo
+  echo "require k8s.io/kubernetes v$version"
+  echo
+  grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0\s*$' "$kube_mod" | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
+} >go.mod
+for c in "${missing[@]}"; do
+  echo "k8s: building $c $version (the first build takes several minutes)" >&2
+  go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version" \
+    -o "$cache/bin/$c" "k8s.io/kubernetes/cmd/$c"
+done
+echo "$cache/bin"
