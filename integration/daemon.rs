@@ -498,3 +498,40 @@ fn kube_proxy_logging_flags_are_taken_or_refused_by_name() {
         "{err}"
     );
 }
+
+/// Every flag of kube-proxy 1.36's `--help` is known: the ones that mean the
+/// same are taken, the ones without meaning here are accepted with a warning,
+/// and the ones asking for what kube-nft does not do are refused by name.
+#[test]
+fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
+    let c = Cluster::new("kpflags", &PODS, &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let mut args = proxy_command("run", &manifests);
+    args.extend([
+        "--once",
+        "--iptables-masquerade-bit=14",
+        "--iptables-min-sync-period=1s",
+        "--oom-score-adj=-999",
+        "--conntrack-max-per-core=0",
+        "--kube-api-qps=5",
+        "--feature-gates=AllAlpha=false",
+    ]);
+    let out = kube_nft_in(c.node(), &args);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    for warned in [
+        "--kube-api-qps is kube-proxy's",
+        "--feature-gates is kube-proxy's",
+    ] {
+        assert!(log.contains(warned), "{warned:?} not in:\n{log}");
+    }
+    assert!(answers(c.client(), "10.96.0.10:80"));
+    let mut refused = proxy_command("run", &manifests);
+    refused.extend(["--once", "--conntrack-max-per-core=32768"]);
+    let out = kube_nft_in(c.node(), &refused);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--conntrack-max-per-core=32768: not supported"),
+        "{err}"
+    );
+}

@@ -226,6 +226,8 @@ impl LoggingArgs {
 struct RunArgs {
     #[command(flatten)]
     logging: LoggingArgs,
+    #[command(flatten)]
+    kube_proxy: config::kube_proxy_flags::KubeProxyFlags,
     /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -320,6 +322,7 @@ impl RunArgs {
             metrics_bind_address: self.metrics_bind_address.clone(),
             sync_period: self.sync_period,
             min_sync_period: self.min_sync_period,
+            oom_score_adj: None,
             counters: self.counters,
         }
     }
@@ -487,11 +490,19 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &RunArgs) -> Result<bool, String> {
+    if args.kube_proxy.version {
+        println!("kube-nft {}", env!("CARGO_PKG_VERSION"));
+        return Ok(true);
+    }
     args.logging.refused()?;
+    let mut flags = args.flags();
+    for warning in args.kube_proxy.apply(&mut flags)? {
+        tracing::warn!("{warning}");
+    }
     if args.cleanup {
         return cleanup();
     }
-    let settings = config::resolve(&args.flags())?;
+    let settings = config::resolve(&flags)?;
     daemon::run(settings, args.once).map(|_| true)
 }
 

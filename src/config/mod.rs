@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod file;
+pub mod kube_proxy_flags;
 use file::FileConfig;
 
 pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
@@ -51,6 +52,7 @@ pub struct Flags {
     pub metrics_bind_address: Option<String>,
     pub sync_period: Option<Duration>,
     pub min_sync_period: Option<Duration>,
+    pub oom_score_adj: Option<i32>,
     pub counters: bool,
 }
 
@@ -381,7 +383,7 @@ fn resolve_flags_and_file(flags: &Flags) -> Result<Settings, String> {
             None => duration_field("nftables.minSyncPeriod", &nft.min_sync_period)?
                 .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
         },
-        oom_score_adj: file.oom_score_adj,
+        oom_score_adj: flags.oom_score_adj.or(file.oom_score_adj),
     })
 }
 

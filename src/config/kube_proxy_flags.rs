@@ -1,0 +1,296 @@
+//! The rest of kube-proxy 1.36's flags, so that a DaemonSet's args carry over
+//! when kube-nft replaces kube-proxy. Each flag is taken (it means the same
+//! here), accepted and ignored with a warning (it has no meaning for kube-nft),
+//! or refused by name (it asks for something kube-nft does not do). The flags
+//! both share (`--config`, `--kubeconfig`, `--cluster-cidr`, …) are `run`'s own;
+//! the logging flags are `main`'s. docs/OPERATIONS.md lists every flag.
+
+use super::{parse_duration, Flags};
+use std::time::Duration;
+
+#[derive(clap::Args, Debug, Default)]
+pub struct KubeProxyFlags {
+    /// kube-proxy's name for `--masquerade-bit`.
+    #[arg(long, value_name = "BIT")]
+    pub iptables_masquerade_bit: Option<u8>,
+    /// kube-proxy's name for `--sync-period` (nftables and iptables modes).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub iptables_sync_period: Option<Duration>,
+    /// kube-proxy's name for `--min-sync-period` (nftables and iptables modes).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub iptables_min_sync_period: Option<Duration>,
+    /// kube-proxy's name for `--sync-period` in IPVS mode.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ipvs_sync_period: Option<Duration>,
+    /// kube-proxy's name for `--min-sync-period` in IPVS mode.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ipvs_min_sync_period: Option<Duration>,
+    /// The OOM score of this process (-1000..=1000), as the file's `oomScoreAdj`.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub oom_score_adj: Option<i32>,
+    /// Prints kube-nft's version and exits.
+    #[arg(long)]
+    pub version: bool,
+
+    // Accepted and ignored.
+    /// Ignored: the watches keep the model current without a periodic relist.
+    #[arg(long, value_name = "DURATION")]
+    pub config_sync_period: Option<String>,
+    /// Ignored: kube-nft asks the API server little and does not throttle.
+    #[arg(long, value_name = "QPS")]
+    pub kube_api_qps: Option<String>,
+    /// Ignored: kube-nft asks the API server little and does not throttle.
+    #[arg(long, value_name = "N")]
+    pub kube_api_burst: Option<String>,
+    /// Ignored: kube-nft talks JSON to the API server.
+    #[arg(long, value_name = "TYPE")]
+    pub kube_api_content_type: Option<String>,
+    /// Ignored: kube-nft serves no profiling endpoint.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub profiling: Option<String>,
+    /// Ignored: kube-nft has no hidden metrics.
+    #[arg(long, value_name = "VERSION")]
+    pub show_hidden_metrics_for_version: Option<String>,
+    /// Ignored: a port that cannot be bound is logged and skipped.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub bind_address_hard_fail: Option<String>,
+    /// Ignored: kube-nft does not read boot ids.
+    #[arg(long, value_name = "FILES")]
+    pub boot_id_file: Option<String>,
+    /// Ignored: kube-nft does not read machine ids.
+    #[arg(long, value_name = "FILES")]
+    pub machine_id_file: Option<String>,
+    /// Ignored: NodePorts are never served on loopback (nftables mode's rule).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub iptables_localhost_nodeports: Option<String>,
+    /// Ignored: kube-nft has no feature gates; what it does is always on.
+    #[arg(long, value_name = "GATES")]
+    pub feature_gates: Option<String>,
+
+    // Accepted only at the value that changes nothing, else refused.
+    /// Refused unless 0 (leave the kernel's value): kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "N")]
+    pub conntrack_max_per_core: Option<String>,
+    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "N")]
+    pub conntrack_min: Option<String>,
+    /// Refused unless false: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub conntrack_tcp_be_liberal: Option<String>,
+    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_established: Option<String>,
+    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout: Option<String>,
+    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    #[arg(long, value_name = "DURATION")]
+    pub conntrack_udp_timeout_stream: Option<String>,
+    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcp_timeout: Option<String>,
+    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcpfin_timeout: Option<String>,
+    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_udp_timeout: Option<String>,
+
+    // Refused.
+    /// Refused: the node's addresses come from its Node object.
+    #[arg(long, value_name = "IP")]
+    pub bind_address: Option<String>,
+    /// Refused: detect-local mode BridgeInterface is not built.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+    /// Refused: detect-local mode InterfaceNamePrefix is not built.
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+    /// Refused: kube-nft has no init-only phase.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub init_only: Option<String>,
+    /// Refused: kube-nft does not write its configuration out.
+    #[arg(long, value_name = "FILE")]
+    pub write_config_to: Option<String>,
+}
+
+/// A value that asks for nothing: zero, a zero duration, or false.
+fn is_noop(value: &str) -> bool {
+    matches!(value.trim(), "0" | "false") || parse_duration(value).is_ok_and(|d| d.is_zero())
+}
+
+impl KubeProxyFlags {
+    /// Folds the flags that mean the same into `flags` (without overriding
+    /// kube-nft's own), and returns a warning for each one accepted and ignored.
+    /// A flag kube-nft refuses is an error naming it.
+    pub fn apply(&self, flags: &mut Flags) -> Result<Vec<String>, String> {
+        let refused = [
+            (
+                "--bind-address",
+                &self.bind_address,
+                "the node's addresses come from its Node object",
+            ),
+            (
+                "--pod-bridge-interface",
+                &self.pod_bridge_interface,
+                "detect-local mode BridgeInterface is not built",
+            ),
+            (
+                "--pod-interface-name-prefix",
+                &self.pod_interface_name_prefix,
+                "detect-local mode InterfaceNamePrefix is not built",
+            ),
+            (
+                "--init-only",
+                &self.init_only,
+                "kube-nft has no init-only phase",
+            ),
+            (
+                "--write-config-to",
+                &self.write_config_to,
+                "kube-nft does not write its configuration out",
+            ),
+        ];
+        for (flag, value, why) in refused {
+            if value.is_some() {
+                return Err(format!("{flag}: not supported by kube-nft ({why})"));
+            }
+        }
+        let only_noop = [
+            ("--conntrack-max-per-core", &self.conntrack_max_per_core),
+            ("--conntrack-min", &self.conntrack_min),
+            ("--conntrack-tcp-be-liberal", &self.conntrack_tcp_be_liberal),
+            (
+                "--conntrack-tcp-timeout-close-wait",
+                &self.conntrack_tcp_timeout_close_wait,
+            ),
+            (
+                "--conntrack-tcp-timeout-established",
+                &self.conntrack_tcp_timeout_established,
+            ),
+            ("--conntrack-udp-timeout", &self.conntrack_udp_timeout),
+            (
+                "--conntrack-udp-timeout-stream",
+                &self.conntrack_udp_timeout_stream,
+            ),
+            ("--ipvs-tcp-timeout", &self.ipvs_tcp_timeout),
+            ("--ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout),
+            ("--ipvs-udp-timeout", &self.ipvs_udp_timeout),
+        ];
+        for (flag, value) in only_noop {
+            if let Some(v) = value.as_deref().filter(|v| !is_noop(v)) {
+                return Err(format!(
+                    "{flag}={v}: not supported by kube-nft, which sets no conntrack or IPVS timeout (0 leaves the kernel's value, and is accepted)"
+                ));
+            }
+        }
+        if let Some(adj) = self.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                return Err(format!("--oom-score-adj: {adj} is not in -1000..=1000"));
+            }
+        }
+        flags.masquerade_bit = flags.masquerade_bit.or(self.iptables_masquerade_bit);
+        flags.sync_period = flags
+            .sync_period
+            .or(self.ipvs_sync_period)
+            .or(self.iptables_sync_period);
+        flags.min_sync_period = flags
+            .min_sync_period
+            .or(self.ipvs_min_sync_period)
+            .or(self.iptables_min_sync_period);
+        flags.oom_score_adj = flags.oom_score_adj.or(self.oom_score_adj);
+        let ignored = [
+            ("--config-sync-period", &self.config_sync_period),
+            ("--kube-api-qps", &self.kube_api_qps),
+            ("--kube-api-burst", &self.kube_api_burst),
+            ("--kube-api-content-type", &self.kube_api_content_type),
+            ("--profiling", &self.profiling),
+            (
+                "--show-hidden-metrics-for-version",
+                &self.show_hidden_metrics_for_version,
+            ),
+            ("--bind-address-hard-fail", &self.bind_address_hard_fail),
+            ("--boot-id-file", &self.boot_id_file),
+            ("--machine-id-file", &self.machine_id_file),
+            (
+                "--iptables-localhost-nodeports",
+                &self.iptables_localhost_nodeports,
+            ),
+            ("--feature-gates", &self.feature_gates),
+        ];
+        Ok(ignored
+            .into_iter()
+            .filter(|(_, v)| v.is_some())
+            .map(|(flag, _)| {
+                format!("{flag} is kube-proxy's; accepted and ignored (see docs/OPERATIONS.md)")
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kp: KubeProxyFlags,
+    }
+
+    fn parse(args: &[&str]) -> KubeProxyFlags {
+        Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied()))
+            .unwrap()
+            .kp
+    }
+
+    #[test]
+    fn kube_proxy_flags_are_taken_ignored_or_refused_by_name() {
+        let kp = parse(&[
+            "--iptables-masquerade-bit=15",
+            "--iptables-sync-period=1m",
+            "--iptables-min-sync-period=2s",
+            "--oom-score-adj=-999",
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0s",
+            "--kube-api-qps=5",
+            "--feature-gates=AllAlpha=false",
+        ]);
+        let mut flags = Flags::default();
+        let warnings = kp.apply(&mut flags).unwrap();
+        assert_eq!(flags.masquerade_bit, Some(15));
+        assert_eq!(flags.sync_period, Some(Duration::from_secs(60)));
+        assert_eq!(flags.min_sync_period, Some(Duration::from_secs(2)));
+        assert_eq!(flags.oom_score_adj, Some(-999));
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].starts_with("--kube-api-qps"), "{warnings:?}");
+
+        // kube-nft's own flag wins over kube-proxy's name for it.
+        let mut flags = Flags {
+            masquerade_bit: Some(14),
+            ..Flags::default()
+        };
+        parse(&["--iptables-masquerade-bit=15"])
+            .apply(&mut flags)
+            .unwrap();
+        assert_eq!(flags.masquerade_bit, Some(14));
+
+        for (args, named) in [
+            (&["--bind-address=10.0.0.1"][..], "--bind-address"),
+            (
+                &["--conntrack-max-per-core=32768"],
+                "--conntrack-max-per-core=32768",
+            ),
+            (&["--ipvs-udp-timeout=5m"], "--ipvs-udp-timeout=5m"),
+            (&["--write-config-to", "/tmp/x"], "--write-config-to"),
+            (&["--oom-score-adj=-1001"], "--oom-score-adj"),
+        ] {
+            let err = parse(args).apply(&mut Flags::default()).unwrap_err();
+            assert!(err.starts_with(named), "{args:?}: {err}");
+        }
+    }
+}
