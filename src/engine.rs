@@ -180,10 +180,6 @@ impl Proxy {
         &self.state
     }
 
-    pub fn engine(&mut self) -> &mut Engine {
-        &mut self.engine
-    }
-
     /// Changes the model through `change`, marking the Service `key` for the next sync.
     pub fn update(&mut self, key: &ServiceKey, change: impl FnOnce(&mut ClusterState)) {
         change(&mut self.state);

@@ -307,11 +307,6 @@ impl FileConfig {
             &self.port_range,
             "it was the userspace proxy's, which is gone",
         )?;
-        if let Some(adj) = self.oom_score_adj {
-            if !(-1000..=1000).contains(&adj) {
-                return Err(format!("oomScoreAdj: {adj} is not in -1000..=1000"));
-            }
-        }
-        Ok(())
+        check_oom_score_adj("oomScoreAdj", self.oom_score_adj)
     }
 }

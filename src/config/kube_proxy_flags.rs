@@ -187,11 +187,7 @@ impl KubeProxyFlags {
                 ));
             }
         }
-        if let Some(adj) = self.oom_score_adj {
-            if !(-1000..=1000).contains(&adj) {
-                return Err(format!("--oom-score-adj: {adj} is not in -1000..=1000"));
-            }
-        }
+        super::check_oom_score_adj("--oom-score-adj", self.oom_score_adj)?;
         flags.masquerade_bit = flags.masquerade_bit.or(self.iptables_masquerade_bit);
         flags.sync_period = flags
             .sync_period

@@ -230,6 +230,16 @@ fn masquerade_bit(field: &str, bit: Option<i32>) -> Result<Option<u8>, String> {
     }
 }
 
+/// An OOM score adjustment, as the kernel takes it (the flag's and the file's).
+fn check_oom_score_adj(field: &str, adj: Option<i32>) -> Result<(), String> {
+    match adj {
+        Some(a) if !(-1000..=1000).contains(&a) => {
+            Err(format!("{field}: {a} is not in -1000..=1000"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Reads the file (if any) and merges it with the flags. An error about a value
 /// from the file names the file; one about a flag names the flag.
 pub fn resolve(flags: &Flags) -> Result<Settings, String> {

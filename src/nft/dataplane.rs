@@ -38,10 +38,6 @@ impl<K: NftKernel> NftDataplane<K> {
         }
     }
 
-    pub fn kernel(&mut self) -> &mut K {
-        &mut self.kernel
-    }
-
     /// The desired ruleset with endpoints in the slots the kernel has them in.
     pub fn desired_as_placed(
         &mut self,

@@ -120,21 +120,26 @@ impl KernelTable {
 }
 
 /// Applies one message to the tables, or says why the kernel would refuse it.
+/// The table an object message is about: every one starts with the table's
+/// name, as a table's own message does.
+fn table_of(family: Family, body: &[u8]) -> Result<(TableId, TableHeader), i32> {
+    let header = TableHeader::parse(body).map_err(|_| EINVAL)?;
+    let id = TableId::named(family, &header.name).ok_or(EINVAL)?;
+    Ok((id, header))
+}
+
 fn apply(
     tables: &mut BTreeMap<TableId, KernelTable>,
     next_handle: &mut u64,
-    kind: u16,
-    flags: u16,
-    family: Family,
+    (kind, flags): (u16, u16),
+    (id, header): (TableId, TableHeader),
     body: &[u8],
 ) -> Result<(), i32> {
-    let header = TableHeader::parse(body).map_err(|_| EINVAL)?;
-    let id = TableId::named(family, &header.name).ok_or(EINVAL)?;
     if kind == NEWTABLE {
         tables.entry(id).or_insert_with(|| KernelTable {
-            family,
-            name: header.name.clone(),
-            userdata: header.userdata.clone(),
+            family: id.family,
+            name: header.name,
+            userdata: header.userdata,
             counters: Vec::new(),
             sets: Vec::new(),
             chains: Vec::new(),
@@ -396,14 +401,17 @@ impl NftKernel for FakeKernel {
                     continue; // the batch framing
                 };
                 let body = &m.payload[4..];
-                if let Some(id) = TableHeader::parse(body)
-                    .ok()
-                    .and_then(|h| TableId::named(family, &h.name))
-                {
+                let applied = table_of(family, body).and_then(|(id, header)| {
                     before.entry(id).or_insert_with(|| tables.get(&id).cloned());
-                }
-                if let Err(errno) = apply(tables, next_handle, m.kind & 0xff, m.flags, family, body)
-                {
+                    apply(
+                        tables,
+                        next_handle,
+                        (m.kind & 0xff, m.flags),
+                        (id, header),
+                        body,
+                    )
+                });
+                if let Err(errno) = applied {
                     result = Err(refused(tx.describe(m.seq), errno));
                     break 'messages;
                 }

@@ -10,7 +10,7 @@
 //! - A **document** that is YAML but not a valid object (a Service whose ports are
 //!   a number, say) is `Rejected` on its own; the rest of the file still loads.
 
-use super::{Delta, Update};
+use super::{list_updates, Update};
 use crate::core::convert::Objects;
 use crate::core::model::Rejected;
 use serde_json::Value;
@@ -122,19 +122,10 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
 /// list of each kind (files hold no ServiceCIDRs, so that list is empty), so
 /// that files and the API server reach the model the same way.
 pub fn updates(objects: Objects) -> impl Iterator<Item = Update> {
-    fn list<K>(items: Vec<K>, wrap: fn(Delta<K>) -> Update) -> impl Iterator<Item = Update> {
-        std::iter::once(wrap(Delta::ListStarted))
-            .chain(
-                items
-                    .into_iter()
-                    .map(move |o| wrap(Delta::Listing(Box::new(o)))),
-            )
-            .chain(std::iter::once(wrap(Delta::Listed)))
-    }
-    list(objects.services, Update::Service)
-        .chain(list(objects.slices, Update::Slice))
-        .chain(list(objects.nodes, Update::Node))
-        .chain(list(Vec::new(), Update::ServiceCidr))
+    list_updates(objects.services, Update::Service)
+        .chain(list_updates(objects.slices, Update::Slice))
+        .chain(list_updates(objects.nodes, Update::Node))
+        .chain(list_updates(Vec::new(), Update::ServiceCidr))
 }
 
 /// What one `ManifestStore::reload` found.

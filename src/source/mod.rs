@@ -27,6 +27,21 @@ pub enum Delta<K> {
     Listed,
 }
 
+/// A complete list of one kind as the updates that carry it: its start, each
+/// object, its end. `wrap` is the kind's `Update` variant.
+pub fn list_updates<K>(
+    items: Vec<K>,
+    wrap: fn(Delta<K>) -> Update,
+) -> impl Iterator<Item = Update> {
+    std::iter::once(wrap(Delta::ListStarted))
+        .chain(
+            items
+                .into_iter()
+                .map(move |o| wrap(Delta::Listing(Box::new(o)))),
+        )
+        .chain(std::iter::once(wrap(Delta::Listed)))
+}
+
 #[derive(Debug, Clone)]
 pub enum Update {
     Service(Delta<core::Service>),

@@ -414,19 +414,13 @@ fn apply_service_cidr(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::list_updates;
 
     fn service(name: &str, ip: &str) -> core::Service {
         serde_saphyr::from_str(&format!(
             "metadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}"
         ))
         .unwrap()
-    }
-
-    fn list<K>(wrap: fn(Delta<K>) -> Update, items: Vec<K>) -> Vec<Update> {
-        std::iter::once(wrap(Delta::ListStarted))
-            .chain(items.into_iter().map(|o| wrap(Delta::Listing(Box::new(o)))))
-            .chain(std::iter::once(wrap(Delta::Listed)))
-            .collect()
     }
 
     fn apply_all(store: &mut ClusterStore, updates: Vec<Update>) {
@@ -449,19 +443,26 @@ mod tests {
         let mut store = ClusterStore::new("node-a");
         apply_all(
             &mut store,
-            list(
-                Update::Service,
+            list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-            ),
+                Update::Service,
+            )
+            .collect(),
         );
         assert_eq!(names(&store), ["a", "b"]);
         assert!(
             !store.synced(),
             "slices, nodes and ServiceCIDRs are not listed yet"
         );
-        apply_all(&mut store, list(Update::Slice, Vec::new()));
-        apply_all(&mut store, list(Update::Node, Vec::new()));
-        apply_all(&mut store, list(Update::ServiceCidr, Vec::new()));
+        apply_all(
+            &mut store,
+            list_updates(Vec::new(), Update::Slice).collect(),
+        );
+        apply_all(&mut store, list_updates(Vec::new(), Update::Node).collect());
+        apply_all(
+            &mut store,
+            list_updates(Vec::new(), Update::ServiceCidr).collect(),
+        );
         assert!(store.synced());
         let changes = store.take_changes();
         assert_eq!(changes.services.len(), 2);
@@ -473,19 +474,21 @@ mod tests {
         let mut store = ClusterStore::new("node-a");
         apply_all(
             &mut store,
-            list(
-                Update::Service,
+            list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-            ),
+                Update::Service,
+            )
+            .collect(),
         );
         store.take_changes();
         // The same list again: nothing changes.
         apply_all(
             &mut store,
-            list(
-                Update::Service,
+            list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-            ),
+                Update::Service,
+            )
+            .collect(),
         );
         assert!(store.take_changes().services.is_empty());
         // A relist without b and with a changed: a changes at once, b goes at the end.
