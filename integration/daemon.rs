@@ -53,31 +53,37 @@ fn drift_is_repaired_from_nftables_notifications() {
         answers(c.client(), "10.96.0.10:80")
     });
     let (table, chain) = find_chain(c.node(), "svc-").expect("the Service's chain");
+    let map = chain.replacen("svc-", "endpoints-", 1);
     for (what, cmd, restored) in [
         (
             "an element deleted",
             format!("delete element {table} service-ips {{ 10.96.0.10 . tcp . 80 }}"),
-            "10.96.0.10 . tcp . 80",
+            "10.96.0.10 . tcp . 80".to_string(),
+        ),
+        (
+            "an endpoint deleted from the Service's map",
+            format!("delete element {table} {map} {{ 2 }}"),
+            "2 : 10.244.0.13 . 9376".to_string(),
         ),
         (
             "a Service chain flushed",
             format!("flush chain {table} {chain}"),
-            "dnat to 10.244.0.13:9376",
+            format!("dnat ip to numgen random mod 3 map @{map}"),
         ),
         (
             "the Service's table deleted",
             format!("delete table {table}"),
-            "dnat to 10.244.0.13:9376",
+            "2 : 10.244.0.13 . 9376".to_string(),
         ),
         (
             "the main table deleted",
             "delete table ip kube-nft".to_string(),
-            "chain reject-chain",
+            "chain reject-chain".to_string(),
         ),
     ] {
         nft_in(c.node(), &cmd);
         let repaired = wait_until(Duration::from_secs(5), what, || {
-            nft_list(c.node()).contains(restored)
+            nft_list(c.node()).contains(&restored)
         });
         // A client whose first SYN met the broken ruleset retries after 1 s (TCP's initial RTO).
         let flowing = wait_until(Duration::from_secs(5), what, || {

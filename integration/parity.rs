@@ -16,8 +16,8 @@ use kube_nft::text;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// Services that together use every rule shape: 1, 2 and 3 endpoints (the cascade
-/// with and without numgen), TCP/UDP/SCTP, several ports, no endpoints, IPv6,
+/// Services that together use every rule shape: 1, 2 and 3 endpoints (a plain
+/// DNAT, and endpoint maps in both families), TCP/UDP/SCTP, several ports, no endpoints, IPv6,
 /// dual-stack, an unnamed port, terminating-only endpoints, and names long enough
 /// to clamp comments.
 fn manifests() -> String {
@@ -77,7 +77,12 @@ fn manifests() -> String {
         "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: l, namespace: {long_ns}, labels: {{kubernetes.io/service-name: {long_name}}}}}\naddressType: IPv4\nports: [{{name: a-very-long-nam, port: 80}}]\nendpoints: [{{addresses: [10.244.5.1]}}]\n"
     );
     m += &service("v6only", &["fd00:10:96::8"], &[udp(53, 53)]);
-    m += &slice("v6only", "a", &[udp(53, 53)], &["fd00:10:244::8"]);
+    m += &slice(
+        "v6only",
+        "a",
+        &[udp(53, 53)],
+        &["fd00:10:244::8", "fd00:10:244::9"],
+    );
     m += EXTERNAL;
     m
 }
@@ -231,6 +236,41 @@ fn normalize_elements(s: &str) -> String {
         .collect()
 }
 
+/// The first set or chain where the kernel differs from our lowering, to say
+/// what broke parity.
+fn first_difference(sock: &mut NftSocket, want: &kube_nft::nft::translate::Ruleset) -> String {
+    for want in kernel::lowered(want) {
+        let Some(got) = sock.read_table(want.family, &want.name).unwrap() else {
+            return format!("table {} missing", want.name);
+        };
+        for s in &want.sets {
+            let Some(g) = got.sets.iter().find(|g| g.name == s.name) else {
+                return format!("set {} missing", s.name);
+            };
+            let (mut a, mut b) = (s.clone(), g.clone());
+            a.elements.sort_by(|x, y| x.key.cmp(&y.key));
+            b.elements.sort_by(|x, y| x.key.cmp(&y.key));
+            if a.timeout_ms.is_some() {
+                (a.elements, b.elements) = (Vec::new(), Vec::new());
+            }
+            if a != b {
+                return format!("set {}:\n ours {a:?}\n nft's {b:?}", s.name);
+            }
+        }
+        for c in &want.chains {
+            let Some(g) = got.chains.iter().find(|g| g.name == c.name) else {
+                return format!("chain {} missing", c.name);
+            };
+            let same = c.rules.len() == g.rules.len()
+                && c.rules.iter().zip(&g.rules).all(|(r, s)| r.same_as(s));
+            if !same || c.userdata != g.userdata || c.base != g.base {
+                return format!("chain {}:\n ours {c:?}\n nft's {g:?}", c.name);
+            }
+        }
+    }
+    "tables, counters or chain counts".into()
+}
+
 fn check_parity(tag: &str, config: NodeConfig) {
     require_root();
     let rs = ruleset(&config);
@@ -261,14 +301,18 @@ fn check_parity(tag: &str, config: NodeConfig) {
 
     // The bytecode nft wrote decodes to exactly what our lowering emits.
     let expected = rs.clone();
-    let same = in_netns(&by_text.name, move || {
+    let first_difference = in_netns(&by_text.name, move || {
         let mut sock = NftSocket::open().unwrap();
-        kernel::kernel_matches(&mut sock, &expected).unwrap()
+        if kernel::kernel_matches(&mut sock, &expected).unwrap() {
+            return None;
+        }
+        Some(first_difference(&mut sock, &expected))
     })
     .unwrap();
     assert!(
-        same,
-        "the kernel objects nft -f created differ from our lowering"
+        first_difference.is_none(),
+        "the kernel objects nft -f created differ from our lowering: {}",
+        first_difference.unwrap_or_default()
     );
 }
 

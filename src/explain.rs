@@ -382,6 +382,23 @@ impl<'a> Walk<'a> {
                     self.dnat = true;
                     return Ok(Flow::Accept);
                 }
+                Stmt::DnatNumgenMap { modulus, map } => {
+                    let slot = self.pick_slot(*modulus)?;
+                    let endpoint = self
+                        .table
+                        .set(map)
+                        .and_then(|m| m.elements.iter().find(|e| e.key == [KeyValue::Slot(slot)]));
+                    let Some(Mapped::Endpoint(addr, port)) =
+                        endpoint.and_then(|e| e.value.as_ref())
+                    else {
+                        return Ok(Flow::Continue);
+                    };
+                    self.note(chain, rule, format_args!("slot {slot}: DNAT"));
+                    self.daddr = *addr;
+                    self.dport = *port;
+                    self.dnat = true;
+                    return Ok(Flow::Accept);
+                }
                 Stmt::Masquerade { .. } => {
                     self.note(chain, rule, "masquerade");
                     self.masquerade = true;
@@ -419,6 +436,24 @@ impl<'a> Walk<'a> {
             self.note(chain, rule, format_args!("mark {mark:#x}"));
         }
         Ok(Flow::Continue)
+    }
+
+    /// The slot `numgen random mod n` picks on this path, as the same binary
+    /// choices a cascade makes: slot k (from the top) with 1/(k+1) of what is
+    /// left, so each path carries exactly 1/n.
+    fn pick_slot(&mut self, n: u32) -> Result<u32, Undecided> {
+        for k in (1..n).rev() {
+            let Some(&hit) = self.choices.get(self.used) else {
+                return Err(Undecided);
+            };
+            self.used += 1;
+            let p = 1.0 / f64::from(k + 1);
+            self.share *= if hit { p } else { 1.0 - p };
+            if hit {
+                return Ok(k);
+            }
+        }
+        Ok(0)
     }
 
     fn verdict(&mut self, v: &Verdict, rule: &Rule, depth: usize) -> Result<Flow, Undecided> {

@@ -169,6 +169,9 @@ pub enum KeyType {
     Ipv6Addr,
     InetProto,
     InetService,
+    /// An endpoint map's slot: what `numgen random mod N` yields, a 32-bit
+    /// integer in host byte order (`typeof numgen random mod 1`).
+    Slot,
 }
 
 impl KeyType {
@@ -178,6 +181,7 @@ impl KeyType {
             KeyType::Ipv6Addr => "ipv6_addr",
             KeyType::InetProto => "inet_proto",
             KeyType::InetService => "inet_service",
+            KeyType::Slot => "integer",
         }
     }
 }
@@ -188,6 +192,10 @@ pub enum MapData {
     Verdict,
     /// The name of a counter object (an object map: `type K : counter`).
     Counter,
+    /// An endpoint, address and port, to DNAT to: the data of a Service port's
+    /// endpoint map (`typeof numgen random mod 1 : ip daddr . tcp dport`). The
+    /// protocol only names the port's header in the listing.
+    Endpoint(Family, Protocol),
 }
 
 /// A named set, or a map when `data` says what its elements map to.
@@ -208,6 +216,8 @@ pub enum KeyValue {
     Addr(IpAddr),
     Proto(Protocol),
     Port(u16),
+    /// An endpoint map's slot.
+    Slot(u32),
 }
 
 impl fmt::Display for KeyValue {
@@ -216,6 +226,7 @@ impl fmt::Display for KeyValue {
             KeyValue::Addr(a) => write!(f, "{a}"),
             KeyValue::Proto(p) => write!(f, "{p}"),
             KeyValue::Port(p) => write!(f, "{p}"),
+            KeyValue::Slot(n) => write!(f, "{n}"),
         }
     }
 }
@@ -234,6 +245,8 @@ pub enum Mapped {
     Verdict(Verdict),
     /// A counter object's name.
     Counter(String),
+    /// An endpoint to DNAT to.
+    Endpoint(IpAddr, u16),
 }
 
 impl fmt::Display for Mapped {
@@ -241,6 +254,7 @@ impl fmt::Display for Mapped {
         match self {
             Mapped::Verdict(v) => v.fmt(f),
             Mapped::Counter(name) => write!(f, "\"{name}\""),
+            Mapped::Endpoint(addr, port) => write!(f, "{addr} . {port}"),
         }
     }
 }
@@ -415,6 +429,12 @@ pub enum Stmt {
     Dnat {
         addr: IpAddr,
         port: u16,
+    },
+    /// `dnat ip to numgen random mod N map @MAP`: DNAT to the endpoint in slot
+    /// `numgen random mod N` of an endpoint map; needs an `L4Proto` match earlier.
+    DnatNumgenMap {
+        modulus: u32,
+        map: String,
     },
     Masquerade {
         fully_random: bool,

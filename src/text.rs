@@ -69,6 +69,12 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
             Family::Ip => format!("dnat to {addr}:{port}"),
             Family::Ip6 => format!("dnat to [{addr}]:{port}"),
         },
+        Stmt::DnatNumgenMap { modulus, map } => {
+            format!(
+                "dnat {} to numgen random mod {modulus} map @{map}",
+                family.keyword()
+            )
+        }
         Stmt::Masquerade { fully_random: true } => "masquerade fully-random".to_string(),
         Stmt::Masquerade {
             fully_random: false,
@@ -141,6 +147,12 @@ fn write_set(out: &mut String, s: &Set) {
     match s.data {
         Some(MapData::Verdict) => writeln!(out, "\t\ttype {key} : verdict").unwrap(),
         Some(MapData::Counter) => writeln!(out, "\t\ttype {key} : counter").unwrap(),
+        Some(MapData::Endpoint(family, protocol)) => writeln!(
+            out,
+            "\t\ttypeof numgen random mod 1 : {} daddr . {protocol} dport",
+            family.keyword()
+        )
+        .unwrap(),
         None => writeln!(out, "\t\ttype {key}").unwrap(),
     }
     if let Some(t) = s.timeout {

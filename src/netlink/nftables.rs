@@ -221,6 +221,34 @@ impl NftSocket {
         )
     }
 
+    /// The elements of one set, as the kernel dumps them; nothing if the set
+    /// does not exist.
+    pub fn each_set_element(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+        mut each: impl FnMut(KernelElement),
+    ) -> Result<(), NftError> {
+        let result = self.dump_each(
+            GETSETELEM,
+            family,
+            |w| KernelSet::emit_name(table, set, w),
+            |e| {
+                for el in KernelElement::parse_list(e)? {
+                    each(el);
+                }
+                Ok(())
+            },
+        );
+        match result {
+            Err(NftError::Refused { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// Walks one of our tables: its header, each chain and then its rules, each
     /// set and then its elements, and its counters, each handed to `visit` as
     /// decoded. Returns false (visiting nothing) if the table does not exist.
@@ -264,17 +292,7 @@ impl NftSocket {
             },
         )?;
         for set in &sets {
-            self.dump_each(
-                GETSETELEM,
-                family,
-                |w| KernelSet::emit_name(name, set, w),
-                |e| {
-                    for el in KernelElement::parse_list(e)? {
-                        visit.element(set, el);
-                    }
-                    Ok(())
-                },
-            )?;
+            self.each_set_element(family, name, set, |el| visit.element(set, el))?;
         }
         for c in self.read_counters(family, name)? {
             visit.counter(c);

@@ -15,6 +15,7 @@ use super::expr::{
 };
 use crate::core::net::Family;
 use crate::ruleset::{BaseChain, ChainType, Hook, Mapped};
+use std::net::IpAddr;
 
 // enum nft_table_attributes
 const NFTA_TABLE_NAME: u16 = 1;
@@ -142,6 +143,9 @@ pub struct KernelSet {
     pub key_type: u32,
     pub key_len: u32,
     pub data_type: Option<u32>,
+    /// The length of a value map's data (`NFTA_SET_DATA_LEN`); a verdict map's
+    /// is the kernel's business (we send 0, it reports its own size).
+    pub data_len: Option<u32>,
     /// The object type of an object map (`NFTA_SET_OBJ_TYPE`).
     pub obj_type: Option<u32>,
     /// Element timeout of a dynamic set, in milliseconds, and its size.
@@ -163,12 +167,17 @@ pub const UDATA_COMMENT: u8 = 0; // table, chain, rule and element comments
 pub const UDATA_SET_KEYBYTEORDER: u8 = 0;
 pub const UDATA_SET_DATABYTEORDER: u8 = 1;
 pub const UDATA_SET_KEY_TYPEOF: u8 = 3;
+pub const UDATA_SET_DATA_TYPEOF: u8 = 4;
 pub const UDATA_SET_DATA_INTERVAL: u8 = 6;
 pub const UDATA_SET_COMMENT: u8 = 7;
 pub const BYTEORDER_INVALID: u32 = 0;
+pub const BYTEORDER_HOST_ENDIAN: u32 = 1;
 pub const BYTEORDER_BIG_ENDIAN: u32 = 2;
 /// nft's `EXPR_CONCAT`, recorded as the "typeof" of a concatenated key.
 pub const EXPR_CONCAT: u32 = 13;
+/// nft's `EXPR_PAYLOAD` and `EXPR_NUMGEN`, recorded in a "typeof".
+pub const EXPR_PAYLOAD: u32 = 7;
+pub const EXPR_NUMGEN: u32 = 23;
 pub const TYPE_BITS: u32 = 6;
 
 pub fn udata_tlv(out: &mut Vec<u8>, kind: u8, value: &[u8]) {
@@ -393,7 +402,7 @@ impl KernelSet {
         w.put_u32(NFTA_SET_KEY_LEN, self.key_len);
         if let Some(d) = self.data_type {
             w.put_u32(NFTA_SET_DATA_TYPE, d);
-            w.put_u32(NFTA_SET_DATA_LEN, 0);
+            w.put_u32(NFTA_SET_DATA_LEN, self.data_len.unwrap_or(0));
         }
         if let Some(size) = self.size {
             w.nest(NFTA_SET_DESC, |w| w.put_u32(NFTA_SET_DESC_SIZE, size));
@@ -421,6 +430,7 @@ impl KernelSet {
     pub fn parse(buf: &[u8], table: &str) -> Result<Option<KernelSet>, ParseError> {
         let mut set = KernelSet::default();
         let mut tname = None;
+        let mut data_len = None;
         for a in Attrs::new(buf) {
             let (k, p) = a?;
             let pl = Payload::new("set", k, p);
@@ -431,6 +441,7 @@ impl KernelSet {
                 NFTA_SET_KEY_TYPE => set.key_type = pl.u32()?,
                 NFTA_SET_KEY_LEN => set.key_len = pl.u32()?,
                 NFTA_SET_DATA_TYPE => set.data_type = Some(pl.u32()?),
+                NFTA_SET_DATA_LEN => data_len = Some(pl.u32()?),
                 NFTA_SET_DESC => {
                     for a in Attrs::new(p) {
                         let (k, v) = a?;
@@ -447,6 +458,9 @@ impl KernelSet {
         }
         if tname.as_deref() != Some(table) || set.flags & SET_F_ANONYMOUS != 0 {
             return Ok(None);
+        }
+        if set.data_type.is_some_and(|t| t != DATA_TYPE_VERDICT) {
+            set.data_len = data_len;
         }
         Ok(Some(set))
     }
@@ -465,6 +479,9 @@ impl KernelElement {
                     w.nest(NFTA_DATA_VERDICT, |w| write_verdict(w, v))
                 }),
                 Some(Mapped::Counter(name)) => w.put_str(NFTA_SET_ELEM_OBJREF, name),
+                Some(Mapped::Endpoint(addr, port)) => w.nest(NFTA_SET_ELEM_DATA, |w| {
+                    w.put(NFTA_DATA_VALUE, &endpoint_bytes(addr, *port))
+                }),
                 None => {}
             }
             if let Some(u) = &self.userdata {
@@ -508,8 +525,9 @@ impl KernelElement {
                             }
                         }
                         NFTA_SET_ELEM_DATA => {
-                            if let Data::Verdict(v) = parse_data(fp)? {
-                                el.data = Some(Mapped::Verdict(v));
+                            el.data = match parse_data(fp)? {
+                                Data::Verdict(v) => Some(Mapped::Verdict(v)),
+                                Data::Value(v) => endpoint_of(&v),
                             }
                         }
                         NFTA_SET_ELEM_USERDATA => el.userdata = Some(fp.to_vec()),
@@ -525,6 +543,34 @@ impl KernelElement {
         }
         Ok(out)
     }
+}
+
+/// An endpoint as an endpoint map's data holds it: the address, then the port
+/// in network byte order padded to a 32-bit register, as in a concatenation.
+pub fn endpoint_bytes(addr: &IpAddr, port: u16) -> Vec<u8> {
+    let mut out = match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    out.extend_from_slice(&port.to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out
+}
+
+/// The endpoint in a map element's data; `None` for data of another shape.
+pub fn endpoint_of(v: &[u8]) -> Option<Mapped> {
+    let (addr, port) = match v.len() {
+        8 => (IpAddr::from(<[u8; 4]>::try_from(&v[..4]).ok()?), &v[4..6]),
+        20 => (
+            IpAddr::from(<[u8; 16]>::try_from(&v[..16]).ok()?),
+            &v[16..18],
+        ),
+        _ => return None,
+    };
+    Some(Mapped::Endpoint(
+        addr,
+        u16::from_be_bytes([port[0], port[1]]),
+    ))
 }
 
 /// A counter object as a dump shows it, with its values.

@@ -8,9 +8,8 @@ use crate::dataplane::{Dataplane, SyncError, Written};
 use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
-use crate::nft::planner::{desired_as_placed, plan_full, ChainHints, Footprints};
+use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
 use crate::nft::translate::Ruleset;
-use std::collections::HashMap;
 
 pub struct NftDataplane<K = NftSocket> {
     kernel: K,
@@ -74,14 +73,17 @@ impl<K: NftKernel> NftDataplane<K> {
         config: &NodeConfig,
         changed: &[ServiceKey],
     ) -> Result<Committed, NftError> {
-        let mut chains = HashMap::new();
+        let mut reread = Reread::default();
         for (table, chain) in self.footprints.chains_of(changed) {
             let rules = self.kernel.read_chain_rules(*table, chain)?;
-            chains.insert((*table, chain.clone()), rules);
+            reread.chains.insert((*table, chain.clone()), rules);
         }
-        let (plan, change) =
-            self.footprints
-                .plan_partial(ChainHints(chains), changed, state, config);
+        for (table, map) in self.footprints.maps_of(changed) {
+            let elements = self.kernel.read_set_elements(*table, map)?;
+            let elements = elements.into_iter().map(|e| (e.key.clone(), e)).collect();
+            reread.maps.insert((*table, map.clone()), elements);
+        }
+        let (plan, change) = self.footprints.plan_partial(reread, changed, state, config);
         let committed = self.commit(plan)?;
         self.footprints.apply(change);
         Ok(committed)

@@ -376,6 +376,20 @@ impl NftKernel for FakeKernel {
         Ok(rules.unwrap_or_default())
     }
 
+    fn read_set_elements(
+        &mut self,
+        table: TableId,
+        set: &str,
+    ) -> Result<Vec<KernelElement>, NftError> {
+        let state = self.0.borrow();
+        let elements = state
+            .tables
+            .get(&table)
+            .and_then(|t| t.sets.iter().find(|s| s.name == set))
+            .map(|s| s.elements.clone());
+        Ok(elements.unwrap_or_default())
+    }
+
     fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError> {
         Ok(self.table(table))
     }

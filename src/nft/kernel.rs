@@ -5,7 +5,7 @@
 
 use crate::core::net::Family;
 use crate::netlink::batch::{delete_tables, replace_tables};
-use crate::netlink::objects::{KernelChain, KernelTable};
+use crate::netlink::objects::{KernelChain, KernelElement, KernelTable};
 use crate::netlink::{Batch, Committed, NftError, NftSocket};
 use crate::nft::lower::lower_table;
 use crate::nft::translate::Ruleset;
@@ -20,6 +20,12 @@ pub trait NftKernel {
     fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError>;
     /// The rules of one chain (empty if it has none or does not exist).
     fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError>;
+    /// The elements of one set (empty if it has none or does not exist).
+    fn read_set_elements(
+        &mut self,
+        table: TableId,
+        set: &str,
+    ) -> Result<Vec<KernelElement>, NftError>;
     /// One of our tables in full (every rule decoded), for verification.
     fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError>;
     /// Commits the batch as one transaction; on error nothing changed.
@@ -33,6 +39,14 @@ impl NftKernel for NftSocket {
 
     fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError> {
         crate::nft::view::read_chain_rules(self, table.family, table.name(), chain)
+    }
+
+    fn read_set_elements(
+        &mut self,
+        table: TableId,
+        set: &str,
+    ) -> Result<Vec<KernelElement>, NftError> {
+        crate::nft::view::read_set_elements(self, table.family, table.name(), set)
     }
 
     fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError> {

@@ -6,7 +6,7 @@
 //! rules as if `nft -f` had loaded them. Readback decodes the kernel into the same
 //! `Kernel*` types, which is what makes desired and actual comparable.
 
-use crate::core::net::Family;
+use crate::core::net::{Family, Protocol};
 use crate::netlink::expr::{
     reg32, CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
     NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1, REG_2, REG_VERDICT,
@@ -26,6 +26,7 @@ impl KeyType {
             KeyType::Ipv6Addr => 8,
             KeyType::InetProto => 12,
             KeyType::InetService => 13,
+            KeyType::Slot => 4,
         }
     }
 
@@ -36,6 +37,7 @@ impl KeyType {
             KeyType::Ipv6Addr => 16,
             KeyType::InetProto => 1,
             KeyType::InetService => 2,
+            KeyType::Slot => 4,
         }
     }
 }
@@ -55,17 +57,23 @@ pub fn lower_set(set: &Set) -> KernelSet {
         set.key.iter().map(|k| padded(k.size())).sum()
     };
     let mut ud = Vec::new();
-    let key_order = if set.key.len() == 1 {
-        BYTEORDER_BIG_ENDIAN
-    } else {
-        BYTEORDER_INVALID
+    let key_order = match set.key.as_slice() {
+        [KeyType::Slot] => BYTEORDER_HOST_ENDIAN,
+        [_] => BYTEORDER_BIG_ENDIAN,
+        _ => BYTEORDER_INVALID,
     };
     udata_tlv(&mut ud, UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
     let verdict_map = set.data == Some(MapData::Verdict);
-    if verdict_map {
+    let endpoints = match set.data {
+        Some(MapData::Endpoint(family, protocol)) => Some((family, protocol)),
+        _ => None,
+    };
+    if verdict_map || endpoints.is_some() {
         udata_tlv(&mut ud, UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
     }
-    if set.key.len() > 1 {
+    if let Some((family, protocol)) = endpoints {
+        endpoint_map_typeof(&mut ud, family, protocol);
+    } else if set.key.len() > 1 {
         // A nest: TYPEOF_EXPR = EXPR_CONCAT, then an empty TYPEOF_DATA.
         let mut nest = Vec::new();
         udata_tlv(&mut nest, 0, &EXPR_CONCAT.to_ne_bytes());
@@ -80,7 +88,7 @@ pub fn lower_set(set: &Set) -> KernelSet {
         udata_tlv(&mut ud, UDATA_SET_COMMENT, &strz(c));
     }
     let mut flags = match set.data {
-        Some(MapData::Verdict) => SET_F_MAP,
+        Some(MapData::Verdict | MapData::Endpoint(..)) => SET_F_MAP,
         Some(MapData::Counter) => SET_F_OBJECT,
         None => 0,
     };
@@ -92,13 +100,65 @@ pub fn lower_set(set: &Set) -> KernelSet {
         flags,
         key_type,
         key_len,
-        data_type: verdict_map.then_some(DATA_TYPE_VERDICT),
+        data_type: match set.data {
+            Some(MapData::Verdict) => Some(DATA_TYPE_VERDICT),
+            Some(MapData::Endpoint(family, _)) => {
+                Some((family.addr_type().type_id() << TYPE_BITS) | KeyType::InetService.type_id())
+            }
+            _ => None,
+        },
+        data_len: endpoints.map(|(family, _)| {
+            padded(family.addr_type().size()) + padded(KeyType::InetService.size())
+        }),
         obj_type: (set.data == Some(MapData::Counter)).then_some(OBJECT_COUNTER),
         timeout_ms: set.timeout.map(|t| t as u64 * 1000),
         size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
         userdata: Some(ud),
         elements: set.elements.iter().map(lower_element).collect(),
     }
+}
+
+/// What `nft` records of `typeof numgen random mod 1 : ip daddr . tcp dport`:
+/// the key's expression (numgen, type random, modulus 1, offset 0) and the
+/// data's (a concatenation of two payload fields, each as nft's protocol
+/// description and field ids), so that `nft list` prints the map that way.
+fn endpoint_map_typeof(ud: &mut Vec<u8>, family: Family, protocol: Protocol) {
+    let u32s = |fields: &[u32]| {
+        let mut out = Vec::new();
+        for (i, v) in fields.iter().enumerate() {
+            udata_tlv(&mut out, i as u8, &v.to_ne_bytes());
+        }
+        out
+    };
+    let typeof_expr = |expr: u32, data: &[u8]| {
+        let mut out = Vec::new();
+        udata_tlv(&mut out, 0, &expr.to_ne_bytes());
+        udata_tlv(&mut out, 1, data);
+        out
+    };
+    // nft's proto_desc ids and header field ids.
+    let (addr_desc, daddr) = match family {
+        Family::Ip => (12, 12),
+        Family::Ip6 => (13, 9),
+    };
+    let l4_desc = match protocol {
+        Protocol::Tcp => 8,
+        Protocol::Udp => 6,
+        Protocol::Sctp => 10,
+    };
+    const RANDOM: u32 = 1;
+    let key = typeof_expr(EXPR_NUMGEN, &u32s(&[RANDOM, 1, 0]));
+    udata_tlv(ud, UDATA_SET_KEY_TYPEOF, &key);
+    let mut fields = Vec::new();
+    let addr = typeof_expr(EXPR_PAYLOAD, &u32s(&[addr_desc, daddr]));
+    udata_tlv(&mut fields, 0, &addr);
+    let port = typeof_expr(EXPR_PAYLOAD, &u32s(&[l4_desc, 2]));
+    udata_tlv(&mut fields, 1, &port);
+    udata_tlv(
+        ud,
+        UDATA_SET_DATA_TYPEOF,
+        &typeof_expr(EXPR_CONCAT, &fields),
+    );
 }
 
 pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
@@ -109,6 +169,7 @@ pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
             KeyValue::Addr(IpAddr::V6(a)) => out.extend_from_slice(&a.octets()),
             KeyValue::Proto(p) => out.push(p.number()),
             KeyValue::Port(p) => out.extend_from_slice(&p.to_be_bytes()),
+            KeyValue::Slot(n) => out.extend_from_slice(&n.to_ne_bytes()),
         }
         if concatenated {
             out.resize(padded(out.len() as u32) as usize, 0);
@@ -397,6 +458,28 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 flags: NAT_PROTO_SPECIFIED,
             });
         }
+        Stmt::DnatNumgenMap { modulus, map } => {
+            out.push(Expr::Numgen {
+                dreg: REG_1,
+                modulus: *modulus,
+            });
+            out.push(Expr::Lookup {
+                sreg: REG_1,
+                set: map.clone(),
+                dreg: Some(REG_1),
+                invert: false,
+            });
+            // The port follows the address in the registers, as in a concatenation.
+            let port_reg = reg32(family.addr_type().size() / 4);
+            // nft leaves the flag to the kernel, which sets it for a port
+            // register and dumps it: sent, it reads back the same.
+            out.push(Expr::Dnat {
+                family: family.nfproto(),
+                addr_reg: REG_1,
+                proto_reg: Some(port_reg),
+                flags: NAT_PROTO_SPECIFIED,
+            });
+        }
         Stmt::Masquerade { fully_random } => out.push(Expr::Masq {
             flags: if *fully_random { NAT_RANDOM_FULLY } else { 0 },
         }),
@@ -431,7 +514,6 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::net::Protocol;
 
     // Expected bytecode below is what `nft --debug=netlink` 1.0.6 prints for the rule.
 

@@ -90,6 +90,15 @@ pub(super) fn port_id(svc: &Service, port: &ServicePort) -> String {
     )
 }
 
+/// The endpoint map of the chain `<kind>-<hash>-<id>` (`svc` or `local`):
+/// `endpoints-<hash>-<id>` or `local-endpoints-<hash>-<id>`.
+pub(super) fn endpoint_map_name(kind: &str, id: &str) -> String {
+    match kind {
+        "svc" => chain_name("endpoints", id),
+        other => chain_name(&format!("{other}-endpoints"), id),
+    }
+}
+
 pub(super) fn chain_name(kind: &str, id: &str) -> String {
     let mut name = format!("{kind}-{}-{id}", short_hash(id));
     if name.len() > MAX_CHAIN_NAME {

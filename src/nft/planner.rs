@@ -20,7 +20,7 @@ use crate::nft::service::service_rules;
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{SlotHints, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, translate_with_hints, Ruleset};
-use crate::nft::view::{slots, RuleView, TableView};
+use crate::nft::view::{map_slots, slots, RuleView, SetView, TableView};
 use crate::ruleset::{Mapped, TableId};
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -51,6 +51,8 @@ pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfi
 pub struct Footprint {
     chains: Vec<(TableId, String)>,
     sets: Vec<(TableId, String)>,
+    /// Those of `sets` whose elements are ours: the endpoint maps.
+    maps: Vec<(TableId, String)>,
     counters: Vec<String>,
     elements: Vec<(TableId, &'static str, KernelElement)>,
     hairpin: Vec<IpAddr>,
@@ -100,6 +102,12 @@ fn lower_service(
                 .iter()
                 .map(|s| (rules.table, s.name.clone()))
                 .collect(),
+            maps: rules
+                .sets
+                .iter()
+                .filter(|s| s.timeout.is_none())
+                .map(|s| (rules.table, s.name.clone()))
+                .collect(),
             counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
             elements,
             hairpin: rules.hairpin.clone(),
@@ -111,20 +119,72 @@ fn lower_service(
 struct ViewHints<'a>(&'a Views);
 
 impl SlotHints for ViewHints<'_> {
-    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
-        self.0.get(&table)?.chain(chain).map(|c| slots(&c.rules))
+    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
+        let view = self.0.get(&table)?;
+        if let Some(m) = view.set(map) {
+            return Some(map_slots(m.elements.values()));
+        }
+        view.chain(chain).map(|c| slots(&c.rules))
     }
 }
 
-/// Chains re-read from the kernel for a partial sync, by table and name.
-pub struct ChainHints(pub HashMap<(TableId, String), Vec<RuleView>>);
+/// What a partial sync re-reads of the changed Services: their chains (for
+/// rule handles) and the elements of their endpoint maps, by table and name.
+#[derive(Default)]
+pub struct Reread {
+    pub chains: HashMap<(TableId, String), Vec<RuleView>>,
+    pub maps: HashMap<(TableId, String), Elements>,
+}
 
-impl SlotHints for ChainHints {
-    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
-        self.0
+/// A set's elements by key bytes.
+pub type Elements = HashMap<Vec<u8>, KernelElement>;
+
+impl SlotHints for Reread {
+    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
+        if let Some(elements) = self.maps.get(&(table, map.to_string())) {
+            return Some(map_slots(elements.values()));
+        }
+        self.chains
             .get(&(table, chain.to_string()))
             .map(|rules| slots(rules))
     }
+}
+
+/// Plans one of a Service's sets in a full sync against the kernel's; false if
+/// its definition differs (then the table is rebuilt). An endpoint map's
+/// elements are diffed; an affinity set's are the packets'.
+fn plan_service_set(
+    plan: &mut Plan,
+    table: TableId,
+    mut set: KernelSet,
+    have: Option<&SetView>,
+) -> bool {
+    let elements = std::mem::take(&mut set.elements);
+    match have {
+        None => add_set_with(plan, table, set, elements),
+        Some(have) if !same_set_def(&have.def, &set) => return false,
+        Some(have) if set.timeout_ms.is_none() => plan_elements(
+            plan,
+            table,
+            &set.name,
+            Some(&have.elements),
+            by_key(elements),
+        ),
+        Some(_) => {}
+    }
+    true
+}
+
+fn add_set_with(plan: &mut Plan, table: TableId, set: KernelSet, elements: Vec<KernelElement>) {
+    let name = set.name.clone();
+    plan.add_set(table, set);
+    for e in elements {
+        plan.add_element(table, &name, e);
+    }
+}
+
+fn by_key(elements: Vec<KernelElement>) -> Elements {
+    elements.into_iter().map(|e| (e.key.clone(), e)).collect()
 }
 
 /// The full sync's plan: everything the kernel (`views`) lacks or has wrong
@@ -188,12 +248,9 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             }
             for (id, set) in svc.sets {
                 if wanted_sets.entry(id).or_default().insert(set.name.clone()) {
-                    match views.get(&id).and_then(|v| v.set(&set.name)) {
-                        None => plan.add_set(id, set),
-                        Some(have) if !same_set_def(&have.def, &set) => {
-                            rebuild.insert(id);
-                        }
-                        Some(_) => {}
+                    let have = views.get(&id).and_then(|v| v.set(&set.name));
+                    if !plan_service_set(&mut plan, id, set, have) {
+                        rebuild.insert(id);
                     }
                 }
             }
@@ -269,16 +326,33 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
 
 impl Footprints {
     /// The chains a partial sync of `dirty` must re-read from the kernel: those
-    /// the Services had (for their rule handles and current endpoint slots).
+    /// the Services had (for their rule handles and cascade slots).
     pub fn chains_of<'a>(
         &'a self,
         dirty: &'a [ServiceKey],
+    ) -> impl Iterator<Item = &'a (TableId, String)> + 'a {
+        self.of(dirty, |f| &f.chains)
+    }
+
+    /// The endpoint maps a partial sync of `dirty` must re-read (for their
+    /// elements, which are the endpoints' slots).
+    pub fn maps_of<'a>(
+        &'a self,
+        dirty: &'a [ServiceKey],
+    ) -> impl Iterator<Item = &'a (TableId, String)> + 'a {
+        self.of(dirty, |f| &f.maps)
+    }
+
+    fn of<'a>(
+        &'a self,
+        dirty: &'a [ServiceKey],
+        part: fn(&Footprint) -> &Vec<(TableId, String)>,
     ) -> impl Iterator<Item = &'a (TableId, String)> + 'a {
         dirty.iter().flat_map(move |key| {
             Family::ALL.into_iter().flat_map(move |family| {
                 self.services
                     .get(&(key.clone(), family))
-                    .map(|f| f.chains.as_slice())
+                    .map(|f| part(f).as_slice())
                     .unwrap_or_default()
             })
         })
@@ -289,7 +363,7 @@ impl Footprints {
     /// returned change once the plan is committed.
     pub fn plan_partial(
         &self,
-        kernel: ChainHints,
+        kernel: Reread,
         dirty: &[ServiceKey],
         state: &ClusterState,
         config: &NodeConfig,
@@ -324,9 +398,14 @@ impl Footprints {
                 {
                     plan.delete_counter(main, c);
                 }
-                for (id, set) in sets {
-                    if !old.sets.contains(&(id, set.name.clone())) {
-                        plan.add_set(id, set);
+                for (id, mut set) in sets {
+                    let at = (id, set.name.clone());
+                    let elements = std::mem::take(&mut set.elements);
+                    if !old.sets.contains(&at) {
+                        add_set_with(&mut plan, id, set, elements);
+                    } else if set.timeout_ms.is_none() {
+                        let have = hints.maps.get(&at);
+                        plan_elements(&mut plan, id, &set.name, have, by_key(elements));
                     }
                 }
                 for (id, s) in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
@@ -334,7 +413,7 @@ impl Footprints {
                 }
                 for (id, chain) in chains {
                     let at = (id, chain.name.clone());
-                    match hints.0.get(&at) {
+                    match hints.chains.get(&at) {
                         Some(rules) if old.chains.contains(&at) => {
                             plan.rules(id, &chain.name, diff_rules(rules, &chain.rules))
                         }
@@ -440,6 +519,7 @@ fn same_set_def(have: &KernelSet, want: &KernelSet) -> bool {
         && have.key_type == want.key_type
         && have.key_len == want.key_len
         && have.data_type == want.data_type
+        && have.data_len == want.data_len
         && have.timeout_ms == want.timeout_ms
         && have.userdata == want.userdata
 }
@@ -469,8 +549,8 @@ fn plan_elements(
     plan: &mut Plan,
     table: TableId,
     set: &str,
-    have: Option<&HashMap<Vec<u8>, KernelElement>>,
-    want: HashMap<Vec<u8>, KernelElement>,
+    have: Option<&Elements>,
+    want: Elements,
 ) {
     let empty = HashMap::new();
     let have = have.unwrap_or(&empty);

@@ -10,8 +10,8 @@ use crate::nft::ipvs_helper::*;
 use crate::nft::names::*;
 use crate::nft::slots::*;
 use crate::ruleset::{
-    clamp_comment, Chain, Element, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt, TableId,
-    Verdict,
+    clamp_comment, Chain, Element, Field, KeyType, KeyValue, MapData, Mapped, NamedCounter, Rule,
+    Set, Stmt, TableId, Verdict,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -59,37 +59,83 @@ impl Affinity<'_> {
     }
 }
 
-/// The endpoint-selection chain of one Service port: a `numgen` cascade, one rule
-/// per slot from the highest down. The rule of slot k matches with probability
-/// 1/(k+1) (slot 0 always), so each of n endpoints gets exactly 1/n.
-///
-/// With session affinity, each endpoint also has a timeout set of the clients it
-/// served: a client found in one goes back to that endpoint, and the cascade
-/// records the client in the set of the endpoint it picks. An endpoint that leaves
-/// takes its set with it, so no client is ever sent back to it.
-fn service_port_chain(
+/// The endpoint-selection chain of one Service port without session affinity:
+/// with one endpoint a plain DNAT; with n > 1, one rule that DNATs to the
+/// endpoint in slot `numgen random mod n` of the port's endpoint map, so each
+/// endpoint gets exactly 1/n. The map is returned beside the chain.
+fn endpoint_map_chain(
+    name: String,
+    map_name: String,
+    label: &str,
+    family: Family,
+    port: &ServicePort,
+    slots: &[&PortEndpoint],
+) -> (Chain, Option<Set>) {
+    let chain = |stmt: Stmt| Chain {
+        name,
+        base: None,
+        comment: Some(clamp_comment(label)),
+        rules: vec![Rule::new(vec![Stmt::L4Proto(port.protocol), stmt])],
+    };
+    if let [ep] = slots {
+        let dnat = Stmt::Dnat {
+            addr: ep.addr,
+            port: ep.port,
+        };
+        return (chain(dnat), None);
+    }
+    let elements = slots
+        .iter()
+        .enumerate()
+        .map(|(k, ep)| Element {
+            key: vec![KeyValue::Slot(k as u32)],
+            value: Some(Mapped::Endpoint(ep.addr, ep.port)),
+            comment: None,
+        })
+        .collect();
+    let map = Set {
+        name: map_name.clone(),
+        key: vec![KeyType::Slot],
+        data: Some(MapData::Endpoint(family, port.protocol)),
+        comment: Some(clamp_comment(label)),
+        timeout: None,
+        elements,
+    };
+    let pick = Stmt::DnatNumgenMap {
+        modulus: slots.len() as u32,
+        map: map_name,
+    };
+    (chain(pick), Some(map))
+}
+
+/// The endpoint-selection chain of one Service port with session affinity: a
+/// `numgen` cascade, one rule per slot from the highest down. The rule of slot k
+/// matches with probability 1/(k+1) (slot 0 always), so each of n endpoints gets
+/// exactly 1/n. Each endpoint also has a timeout set of the clients it served: a
+/// client found in one goes back to that endpoint, and the cascade records the
+/// client in the set of the endpoint it picks. An endpoint that leaves takes its
+/// set with it, so no client is ever sent back to it.
+fn affinity_chain(
     name: String,
     label: &str,
     port: &ServicePort,
     slots: &[&PortEndpoint],
-    affinity: Option<&Affinity>,
+    affinity: &Affinity,
 ) -> Chain {
     let dnat = |ep: &PortEndpoint| Stmt::Dnat {
         addr: ep.addr,
         port: ep.port,
     };
     let mut rules = Vec::new();
-    if let Some(a) = affinity {
-        for ep in slots.iter().rev() {
-            rules.push(Rule::new(vec![
-                Stmt::L4Proto(port.protocol),
-                Stmt::InSet {
-                    fields: vec![Field::Saddr],
-                    set: a.set_name(ep),
-                },
-                dnat(ep),
-            ]));
-        }
+    for ep in slots.iter().rev() {
+        rules.push(Rule::new(vec![
+            Stmt::L4Proto(port.protocol),
+            Stmt::InSet {
+                fields: vec![Field::Saddr],
+                set: affinity.set_name(ep),
+            },
+            dnat(ep),
+        ]));
     }
     for (k, ep) in slots.iter().enumerate().rev() {
         let mut stmts = vec![Stmt::L4Proto(port.protocol)];
@@ -99,12 +145,10 @@ fn service_port_chain(
                 value: 0,
             });
         }
-        if let Some(a) = affinity {
-            stmts.push(Stmt::SetUpdate {
-                field: Field::Saddr,
-                set: a.set_name(ep),
-            });
-        }
+        stmts.push(Stmt::SetUpdate {
+            field: Field::Saddr,
+            set: affinity.set_name(ep),
+        });
         stmts.push(dnat(ep));
         rules.push(Rule::new(stmts));
     }
@@ -127,8 +171,9 @@ pub struct ServiceRules {
     /// Chains in the main table: the source-range firewall, which the filter
     /// hooks reach.
     pub main_chains: Vec<Chain>,
-    /// Sets of this Service alone (session affinity), in `table`, created and
-    /// deleted with it.
+    /// Sets and maps of this Service alone (endpoint maps, session affinity
+    /// sets), in `table`, created and deleted with it; an endpoint map carries
+    /// its elements.
     pub sets: Vec<Set>,
     /// Elements, with the name of the set or map they belong to (in the table
     /// `home` says).
@@ -355,7 +400,13 @@ pub fn service_rules(
             if ipvs {
                 return Some(name);
             }
-            let slots = assign_slots(hints.slots(out.table, &name), chosen);
+            let map_name = endpoint_map_name(kind, &port_id);
+            let fill = if affinity.is_some() {
+                Fill::Cascade
+            } else {
+                Fill::Map
+            };
+            let slots = assign_slots(hints.slots(out.table, &name, &map_name), chosen, fill);
             if let Some(a) = &affinity {
                 for ep in chosen {
                     let set = a.set(family, ep);
@@ -363,14 +414,14 @@ pub fn service_rules(
                         out.sets.push(set);
                     }
                 }
+                out.chains
+                    .push(affinity_chain(name.clone(), &label, port, &slots, a));
+            } else {
+                let (chain, map) =
+                    endpoint_map_chain(name.clone(), map_name, &label, family, port, &slots);
+                out.chains.push(chain);
+                out.sets.extend(map);
             }
-            out.chains.push(service_port_chain(
-                name.clone(),
-                &label,
-                port,
-                &slots,
-                affinity.as_ref(),
-            ));
             Some(name)
         };
         let chains = PolicyChains {

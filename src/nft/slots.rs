@@ -1,6 +1,7 @@
-//! Cascade slots: where each endpoint sits in a Service port chain. Slots are
-//! kept across syncs, so one endpoint change moves at most one other endpoint and
-//! rewrites one or two rules.
+//! Endpoint slots: where each endpoint sits in a Service port's endpoint map
+//! (or, with session affinity, its cascade). Slots are kept across syncs, so
+//! one endpoint change moves at most one other endpoint: two map elements and
+//! the rule's modulus (or one or two cascade rules).
 
 use crate::core::model::PortEndpoint;
 use crate::ruleset::TableId;
@@ -10,29 +11,38 @@ use std::net::IpAddr;
 /// An endpoint's identity in a cascade slot.
 pub type SlotKey = (IpAddr, u16);
 
-/// Where the kernel's cascade currently has each endpoint of a chain, by slot
-/// (slot 0 = the last rule); `None` for a chain it does not have.
+/// Where the kernel currently has each endpoint of a Service port, by slot:
+/// from its endpoint map `map` if the kernel has it, else from the DNAT rules
+/// of its `chain` (slot 0 = the last rule); `None` if it has neither.
 pub trait SlotHints {
-    fn slots(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>>;
+    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>>;
 }
 
 /// No hints: a ruleset computed from scratch (render, a cold start).
 pub struct NoHints;
 
 impl SlotHints for NoHints {
-    fn slots(&self, _: TableId, _: &str) -> Option<Vec<SlotKey>> {
+    fn slots(&self, _: TableId, _: &str, _: &str) -> Option<Vec<SlotKey>> {
         None
     }
 }
 
-/// Assigns the usable endpoints to cascade slots, keeping every endpoint that
-/// stays where it was. A leaving endpoint's slot is taken by the one in the last
+/// How newcomers fill slots: so that what an operator lists shows endpoints in
+/// ascending order. A map lists slot 0 first; a cascade lists slot 0 last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    Map,
+    Cascade,
+}
+
+/// Assigns the usable endpoints to slots, keeping every endpoint that stays
+/// where it was. A leaving endpoint's slot is taken by the one in the last
 /// slot; newcomers take new slots. So one endpoint change moves at most one other
-/// endpoint, and the chain changes by one or two rules. From scratch, slots are
-/// filled so the chain lists endpoints in ascending order.
+/// endpoint: two map elements (or one or two cascade rules) change.
 pub fn assign_slots<'a>(
     previous: Option<Vec<SlotKey>>,
     usable: &[&'a PortEndpoint],
+    fill: Fill,
 ) -> Vec<&'a PortEndpoint> {
     let by_key: BTreeMap<SlotKey, &PortEndpoint> =
         usable.iter().map(|e| ((e.addr, e.port), *e)).collect();
@@ -47,12 +57,14 @@ pub fn assign_slots<'a>(
             slots.swap_remove(i);
         }
     }
-    let newcomers: Vec<SlotKey> = by_key
+    let mut newcomers: Vec<SlotKey> = by_key
         .keys()
-        .rev()
         .filter(|k| !slots.contains(k))
         .copied()
         .collect();
+    if fill == Fill::Cascade {
+        newcomers.reverse();
+    }
     slots.extend(newcomers);
     slots.iter().map(|k| by_key[k]).collect()
 }

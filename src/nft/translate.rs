@@ -173,8 +173,8 @@ mod tests {
     };
 
     use crate::core::net::Protocol;
-    use crate::nft::slots::assign_slots;
-    use crate::ruleset::{Chain, Mapped, Stmt, Verdict, SERVICE_SHARDS};
+    use crate::nft::slots::{assign_slots, Fill};
+    use crate::ruleset::{Chain, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
     use std::net::IpAddr;
 
     fn key(name: &str) -> ServiceKey {
@@ -268,7 +268,7 @@ mod tests {
     }
 
     #[test]
-    fn numgen_cascade_gives_every_endpoint_an_equal_share() {
+    fn one_numgen_map_gives_every_endpoint_an_equal_share() {
         let state = state_with(
             "web",
             &["10.0.0.10"],
@@ -280,31 +280,51 @@ mod tests {
         );
         let rs = translate(&state, &NodeConfig::default());
         let chain = service_chain(&rs, Family::Ip);
-        let moduli: Vec<Option<u32>> = chain
-            .rules
+        let [rule] = chain.rules.as_slice() else {
+            panic!("one rule: {:?}", chain.rules);
+        };
+        let [Stmt::L4Proto(Protocol::Tcp), Stmt::DnatNumgenMap { modulus, map }] =
+            rule.stmts.as_slice()
+        else {
+            panic!("meta l4proto tcp dnat … map: {:?}", rule.stmts);
+        };
+        // `numgen random mod 3` yields 0, 1 and 2 alike, and each names one endpoint.
+        assert_eq!(*modulus, 3);
+        let map = rs
+            .of_family(Family::Ip)
+            .find_map(|t| t.set(map))
+            .expect("the endpoint map beside the chain");
+        let slots: Vec<(KeyValue, String)> = map
+            .elements
             .iter()
-            .map(|r| {
-                r.stmts.iter().find_map(|s| match s {
-                    Stmt::NumgenEq { modulus, .. } => Some(*modulus),
-                    _ => None,
-                })
-            })
+            .map(|e| (e.key[0].clone(), e.value.as_ref().unwrap().to_string()))
             .collect();
-        assert_eq!(moduli, vec![Some(3), Some(2), None]);
-        // P(k) = prod_{j<k}(1 - 1/(n-j)) * 1/(n-k) = 1/n for every k.
-        let n = 3.0;
-        let mut reach = 1.0;
-        for m in moduli {
-            let p = m.map(|m| 1.0 / m as f64).unwrap_or(1.0);
-            assert!((reach * p - 1.0 / n).abs() < 1e-12);
-            reach *= 1.0 - p;
-        }
         assert_eq!(
-            dnat_targets(chain),
-            vec!["10.244.0.1:9376", "10.244.0.2:9376", "10.244.0.3:9376"]
+            slots,
+            vec![
+                (KeyValue::Slot(0), "10.244.0.1 . 9376".to_string()),
+                (KeyValue::Slot(1), "10.244.0.2 . 9376".to_string()),
+                (KeyValue::Slot(2), "10.244.0.3 . 9376".to_string()),
+            ]
         );
+        assert_eq!(map.data, Some(MapData::Endpoint(Family::Ip, Protocol::Tcp)));
         assert_eq!(chain.comment.as_deref(), Some("default/web:http"));
+        assert_eq!(map.comment.as_deref(), Some("default/web:http"));
         assert!(chain.name.ends_with("-default/web/tcp/http"));
+        assert!(map.name.starts_with("endpoints-"));
+    }
+
+    #[test]
+    fn one_endpoint_is_a_plain_dnat_without_a_map() {
+        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+        let rs = translate(&state, &NodeConfig::default());
+        let chain = service_chain(&rs, Family::Ip);
+        assert_eq!(dnat_targets(chain), vec!["10.244.0.1:9376"]);
+        assert!(!rs
+            .tables
+            .iter()
+            .flat_map(|t| &t.sets)
+            .any(|s| s.name.starts_with("endpoints-")));
     }
 
     #[test]
@@ -508,8 +528,13 @@ mod tests {
     fn slots_from_scratch_list_endpoints_in_ascending_order() {
         let eps = [ep(1), ep(2), ep(3)];
         let refs: Vec<&PortEndpoint> = eps.iter().collect();
-        // Slot 0 is the last rule, so the highest slot holds the lowest address.
-        assert_eq!(keys(&assign_slots(None, &refs)), vec![3, 2, 1]);
+        // A cascade's slot 0 is its last rule, so its highest slot holds the
+        // lowest address; a map lists slot 0 first.
+        assert_eq!(
+            keys(&assign_slots(None, &refs, Fill::Cascade)),
+            vec![3, 2, 1]
+        );
+        assert_eq!(keys(&assign_slots(None, &refs, Fill::Map)), vec![1, 2, 3]);
     }
 
     #[test]
@@ -522,14 +547,14 @@ mod tests {
             .collect();
         // 3 (slot 2) leaves: 1 (slot 4, the last) moves into slot 2.
         assert_eq!(
-            keys(&assign_slots(Some(previous.clone()), &refs)),
+            keys(&assign_slots(Some(previous.clone()), &refs, Fill::Map)),
             vec![5, 4, 1, 2]
         );
         // A newcomer takes a new slot at the end; nobody moves.
         let eps = [ep(1), ep(2), ep(3), ep(4), ep(5), ep(6)];
         let refs: Vec<&PortEndpoint> = eps.iter().collect();
         assert_eq!(
-            keys(&assign_slots(Some(previous), &refs)),
+            keys(&assign_slots(Some(previous), &refs, Fill::Map)),
             vec![5, 4, 3, 2, 1, 6]
         );
     }

@@ -10,7 +10,7 @@ use crate::netlink::nftables::{NftError, NftSocket, TableVisitor};
 use crate::netlink::objects::{
     CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, TableHeader,
 };
-use crate::ruleset::BaseChain;
+use crate::ruleset::{BaseChain, Mapped};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -37,6 +37,21 @@ pub fn slots(rules: &[RuleView]) -> Vec<(IpAddr, u16)> {
     rules.iter().rev().filter_map(|r| r.dnat).collect()
 }
 
+/// The endpoints of an endpoint map's elements, by slot.
+pub fn map_slots<'a>(elements: impl Iterator<Item = &'a KernelElement>) -> Vec<(IpAddr, u16)> {
+    let mut by_slot: Vec<(u32, (IpAddr, u16))> = elements
+        .filter_map(|e| {
+            let slot = u32::from_ne_bytes(e.key.as_slice().try_into().ok()?);
+            match e.data {
+                Some(Mapped::Endpoint(addr, port)) => Some((slot, (addr, port))),
+                _ => None,
+            }
+        })
+        .collect();
+    by_slot.sort();
+    by_slot.into_iter().map(|(_, ep)| ep).collect()
+}
+
 #[derive(Debug, Clone)]
 pub struct SetView {
     /// The set's definition; its `elements` are empty (see `elements`).
@@ -53,6 +68,8 @@ pub struct TableView {
     pub sets: Vec<SetView>,
     pub chains: Vec<ChainView>,
     chain_index: HashMap<String, usize>,
+    // A Service table holds an endpoint map per Service port.
+    set_index: HashMap<String, usize>,
 }
 
 impl TableView {
@@ -68,6 +85,11 @@ impl TableView {
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
+        let set_index = sets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.def.name.clone(), i))
+            .collect();
         TableView {
             family,
             userdata,
@@ -75,6 +97,7 @@ impl TableView {
             sets,
             chains,
             chain_index,
+            set_index,
         }
     }
 
@@ -83,7 +106,7 @@ impl TableView {
     }
 
     pub fn set(&self, name: &str) -> Option<&SetView> {
-        self.sets.iter().find(|s| s.def.name == name)
+        self.set_index.get(name).map(|&i| &self.sets[i])
     }
 }
 
@@ -172,6 +195,7 @@ impl TableVisitor for ViewBuilder {
     }
 
     fn set(&mut self, def: KernelSet) {
+        self.0.set_index.insert(def.name.clone(), self.0.sets.len());
         self.0.sets.push(SetView {
             def,
             elements: HashMap::new(),
@@ -179,8 +203,8 @@ impl TableVisitor for ViewBuilder {
     }
 
     fn element(&mut self, set: &str, element: KernelElement) {
-        if let Some(s) = self.0.sets.iter_mut().rev().find(|s| s.def.name == set) {
-            s.elements.insert(element.key.clone(), element);
+        if let Some(&i) = self.0.set_index.get(set) {
+            self.0.sets[i].elements.insert(element.key.clone(), element);
         }
     }
 
@@ -202,8 +226,21 @@ pub fn read_view(
         sets: Vec::new(),
         chains: Vec::new(),
         chain_index: HashMap::new(),
+        set_index: HashMap::new(),
     });
     Ok(sock.walk_table(family, name, &mut b)?.then_some(b.0))
+}
+
+/// Reads the elements of one set (empty if it has none or does not exist).
+pub fn read_set_elements(
+    sock: &mut NftSocket,
+    family: Family,
+    table: &str,
+    set: &str,
+) -> Result<Vec<KernelElement>, NftError> {
+    let mut elements = Vec::new();
+    sock.each_set_element(family, table, set, |e| elements.push(e))?;
+    Ok(elements)
 }
 
 /// Reads the rules of one chain (empty if the chain has none or does not exist).
