@@ -53,7 +53,13 @@ fn drift_is_repaired_from_nftables_notifications() {
         answers(c.client(), "10.96.0.10:80")
     });
     let (table, chain) = find_chain(c.node(), "svc-").expect("the Service's chain");
-    let map = chain.replacen("svc-", "endpoints-", 1);
+    let listing = nft_list(c.node());
+    let map = listing
+        .split("map @ep-")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|hash| format!("ep-{hash}"))
+        .expect("the Service's endpoint map");
     for (what, cmd, restored) in [
         (
             "an element deleted",

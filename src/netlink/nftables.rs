@@ -15,6 +15,7 @@ use super::objects::{
 use crate::core::net::Family;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use rustix::net::{SendAncillaryBuffer, SendFlags};
+use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::time::{Duration, Instant};
 
@@ -258,46 +259,92 @@ impl NftSocket {
         name: &str,
         visit: &mut dyn TableVisitor,
     ) -> Result<bool, NftError> {
-        let Some(header) = self.find_table(family, name)? else {
-            return Ok(false);
+        let mut visit = Some(visit);
+        let walked = self.walk_tables(family, Some(name), |_| visit.take())?;
+        Ok(!walked.is_empty())
+    }
+
+    /// Walks several tables of one family at once: `open` is shown each table
+    /// header (of `only`, or of every table of the family) and gives the
+    /// visitor of those to walk. One dump of each kind covers them all, then
+    /// one element dump per set: the kernel restarts a dump's walk at the
+    /// family's first object for each message it fills, and a request per
+    /// chain or per table would multiply the round trips and those walks.
+    pub fn walk_tables<V: TableVisitor>(
+        &mut self,
+        family: Family,
+        only: Option<&str>,
+        mut open: impl FnMut(&TableHeader) -> Option<V>,
+    ) -> Result<HashMap<String, V>, NftError> {
+        let mut visitors: HashMap<String, V> = HashMap::new();
+        self.dump_each(
+            GETTABLE,
+            family,
+            |_| {},
+            |t| {
+                let header = TableHeader::parse(t)?;
+                if only.is_none_or(|n| n == header.name) {
+                    if let Some(mut v) = open(&header) {
+                        let name = header.name.clone();
+                        v.table(header);
+                        visitors.insert(name, v);
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        if visitors.is_empty() {
+            return Ok(visitors);
+        }
+        let filter = |w: &mut AttrWriter| {
+            if let Some(name) = only {
+                w.put_str(1, name);
+            }
         };
-        visit.table(header);
-        let mut chains = Vec::new();
-        self.dump_each(
-            GETCHAIN,
-            family,
-            |w| w.put_str(1, name),
-            |c| {
-                if let Some(chain) = KernelChain::parse(c, name)? {
-                    chains.push(chain.name.clone());
-                    visit.chain(chain);
+        // Every object message starts with its table's name (attribute 1).
+        self.dump_each(GETCHAIN, family, filter, |c| {
+            if let Some((table, v)) = visitor_of(&mut visitors, c)? {
+                if let Some(chain) = KernelChain::parse(c, &table)? {
+                    v.chain(chain);
                 }
-                Ok(())
-            },
-        )?;
-        for chain in &chains {
-            self.each_chain_rule(family, name, chain, |r| visit.rule(chain, r))?;
-        }
+            }
+            Ok(())
+        })?;
+        self.dump_each(GETRULE, family, filter, |r| {
+            if let Some((table, v)) = visitor_of(&mut visitors, r)? {
+                if let Some((chain, rule)) = KernelRule::parse(r, &table)? {
+                    v.rule(&chain, rule);
+                }
+            }
+            Ok(())
+        })?;
         let mut sets = Vec::new();
-        self.dump_each(
-            GETSET,
-            family,
-            |w| w.put_str(1, name),
-            |s| {
-                if let Some(set) = KernelSet::parse(s, name)? {
-                    sets.push(set.name.clone());
-                    visit.set(set);
+        self.dump_each(GETSET, family, filter, |s| {
+            if let Some((table, v)) = visitor_of(&mut visitors, s)? {
+                if let Some(set) = KernelSet::parse(s, &table)? {
+                    sets.push((table, set.name.clone()));
+                    v.set(set);
                 }
-                Ok(())
-            },
-        )?;
-        for set in &sets {
-            self.each_set_element(family, name, set, |el| visit.element(set, el))?;
+            }
+            Ok(())
+        })?;
+        for (table, set) in &sets {
+            let v = visitors.get_mut(table).expect("visited above");
+            self.each_set_element(family, table, set, |el| v.element(set, el))?;
         }
-        for c in self.read_counters(family, name)? {
-            visit.counter(c);
-        }
-        Ok(true)
+        let counters = |w: &mut AttrWriter| {
+            filter(w);
+            w.put_u32(3, OBJECT_COUNTER);
+        };
+        self.dump_each(GETOBJ, family, counters, |o| {
+            if let Some((table, v)) = visitor_of(&mut visitors, o)? {
+                if let Some(c) = KernelCounter::parse(o, &table)? {
+                    v.counter(c);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(visitors)
     }
 
     /// Reads one of our tables back in full; `None` if it does not exist.
@@ -340,6 +387,15 @@ impl NftSocket {
     }
 }
 
+/// The visitor of the table an object message belongs to, if it is walked.
+fn visitor_of<'a, V>(
+    visitors: &'a mut HashMap<String, V>,
+    body: &[u8],
+) -> Result<Option<(String, &'a mut V)>, ParseError> {
+    let table = TableHeader::parse_name(body)?;
+    Ok(visitors.get_mut(&table).map(|v| (table, v)))
+}
+
 /// What `walk_table` hands over, in dump order: the header first, a chain
 /// before its rules, a set before its elements.
 pub trait TableVisitor {
@@ -349,6 +405,27 @@ pub trait TableVisitor {
     fn set(&mut self, set: KernelSet);
     fn element(&mut self, set: &str, element: KernelElement);
     fn counter(&mut self, counter: CounterReading);
+}
+
+impl<T: TableVisitor + ?Sized> TableVisitor for &mut T {
+    fn table(&mut self, header: TableHeader) {
+        (**self).table(header)
+    }
+    fn chain(&mut self, chain: KernelChain) {
+        (**self).chain(chain)
+    }
+    fn rule(&mut self, chain: &str, rule: KernelRule) {
+        (**self).rule(chain, rule)
+    }
+    fn set(&mut self, set: KernelSet) {
+        (**self).set(set)
+    }
+    fn element(&mut self, set: &str, element: KernelElement) {
+        (**self).element(set, element)
+    }
+    fn counter(&mut self, counter: CounterReading) {
+        (**self).counter(counter)
+    }
 }
 
 /// The full readback: every object decoded and kept.

@@ -240,6 +240,18 @@ impl TableHeader {
         }
     }
 
+    /// The table an object message is about: its first attribute, in the
+    /// message of a table, chain, rule, set, element list or object alike.
+    pub fn parse_name(buf: &[u8]) -> Result<String, ParseError> {
+        for a in Attrs::new(buf) {
+            let (k, p) = a?;
+            if k == NFTA_TABLE_NAME {
+                return Payload::new("table", k, p).string();
+            }
+        }
+        Ok(String::new())
+    }
+
     pub fn parse(buf: &[u8]) -> Result<TableHeader, ParseError> {
         let mut t = TableHeader {
             name: String::new(),

@@ -18,6 +18,16 @@ use std::collections::HashMap;
 pub trait NftKernel {
     /// One of our tables; `None` if it does not exist.
     fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError>;
+    /// Every table of ours the kernel has (wanted or not).
+    fn read_views(&mut self) -> Result<Views, NftError> {
+        let mut views = HashMap::new();
+        for id in all_tables() {
+            if let Some(v) = self.read_view(id)? {
+                views.insert(id, v);
+            }
+        }
+        Ok(views)
+    }
     /// The rules of one chain (empty if it has none or does not exist).
     fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError>;
     /// The elements of one set (empty if it has none or does not exist).
@@ -35,6 +45,20 @@ pub trait NftKernel {
 impl NftKernel for NftSocket {
     fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError> {
         crate::nft::view::read_view(self, table.family, table.name())
+    }
+
+    /// One walk per family: see `NftSocket::walk_tables`.
+    fn read_views(&mut self) -> Result<Views, NftError> {
+        let mut views = HashMap::new();
+        for family in Family::ALL {
+            let read = crate::nft::view::read_views(self, family, |name| {
+                TableId::named(family, name).is_some()
+            })?;
+            for (name, view) in read {
+                views.insert(TableId::named(family, &name).expect("ours"), view);
+            }
+        }
+        Ok(views)
     }
 
     fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError> {
@@ -63,13 +87,7 @@ pub type Views = HashMap<TableId, TableView>;
 
 /// Every table of ours the kernel has (wanted or not).
 pub fn read_views(kernel: &mut dyn NftKernel) -> Result<Views, NftError> {
-    let mut views = HashMap::new();
-    for id in all_tables() {
-        if let Some(v) = kernel.read_view(id)? {
-            views.insert(id, v);
-        }
-    }
-    Ok(views)
+    kernel.read_views()
 }
 
 /// Every table kube-nft may own, in both families.

@@ -54,12 +54,13 @@ fn fnv1a(data: &[u8]) -> u64 {
     })
 }
 
+const BASE32: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
 /// Eight base32 characters of the hash of `s`.
 fn short_hash(s: &str) -> String {
-    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let h = fnv1a(s.as_bytes());
     (0..8)
-        .map(|i| ALPHABET[((h >> (59 - 5 * i)) & 31) as usize] as char)
+        .map(|i| BASE32[((h >> (59 - 5 * i)) & 31) as usize] as char)
         .collect()
 }
 
@@ -90,13 +91,21 @@ pub(super) fn port_id(svc: &Service, port: &ServicePort) -> String {
     )
 }
 
-/// The endpoint map of the chain `<kind>-<hash>-<id>` (`svc` or `local`):
-/// `endpoints-<hash>-<id>` or `local-endpoints-<hash>-<id>`.
-pub(super) fn endpoint_map_name(kind: &str, id: &str) -> String {
-    match kind {
-        "svc" => chain_name("endpoints", id),
-        other => chain_name(&format!("{other}-endpoints"), id),
+/// The endpoint map of the chain `chain`: `ep-` and 13 base32 characters of
+/// its name's hash (64 bits: no collision in any cluster's lifetime). Short
+/// on purpose: the kernel finds a set by walking its table's sets and
+/// comparing names (`nft_set_lookup`), three times for each map a sync
+/// writes, so the name's length is paid once per set of the table each time.
+/// The rule that uses the map is in the chain; the map's comment names the
+/// Service port.
+pub(super) fn endpoint_map_name(chain: &str) -> String {
+    let mut h = fnv1a(chain.as_bytes());
+    let mut name = String::from("ep-");
+    for _ in 0..13 {
+        name.push(BASE32[(h >> 59) as usize] as char);
+        h <<= 5;
     }
+    name
 }
 
 pub(super) fn chain_name(kind: &str, id: &str) -> String {

@@ -400,7 +400,7 @@ pub fn service_rules(
             if ipvs {
                 return Some(name);
             }
-            let map_name = endpoint_map_name(kind, &port_id);
+            let map_name = endpoint_map_name(&name);
             let fill = if affinity.is_some() {
                 Fill::Cascade
             } else {

@@ -311,7 +311,11 @@ mod tests {
         assert_eq!(chain.comment.as_deref(), Some("default/web:http"));
         assert_eq!(map.comment.as_deref(), Some("default/web:http"));
         assert!(chain.name.ends_with("-default/web/tcp/http"));
-        assert!(map.name.starts_with("endpoints-"));
+        assert!(
+            map.name.starts_with("ep-") && map.name.len() == 16,
+            "{}",
+            map.name
+        );
     }
 
     #[test]
@@ -324,7 +328,7 @@ mod tests {
             .tables
             .iter()
             .flat_map(|t| &t.sets)
-            .any(|s| s.name.starts_with("endpoints-")));
+            .any(|s| s.name.starts_with("ep-")));
     }
 
     #[test]

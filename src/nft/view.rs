@@ -213,22 +213,40 @@ impl TableVisitor for ViewBuilder {
     }
 }
 
+impl ViewBuilder {
+    fn new(family: Family) -> ViewBuilder {
+        ViewBuilder(TableView {
+            family,
+            userdata: None,
+            counters: HashMap::new(),
+            sets: Vec::new(),
+            chains: Vec::new(),
+            chain_index: HashMap::new(),
+            set_index: HashMap::new(),
+        })
+    }
+}
+
 /// Reads one of our tables compactly; `None` if it does not exist.
 pub fn read_view(
     sock: &mut NftSocket,
     family: Family,
     name: &str,
 ) -> Result<Option<TableView>, NftError> {
-    let mut b = ViewBuilder(TableView {
-        family,
-        userdata: None,
-        counters: HashMap::new(),
-        sets: Vec::new(),
-        chains: Vec::new(),
-        chain_index: HashMap::new(),
-        set_index: HashMap::new(),
-    });
+    let mut b = ViewBuilder::new(family);
     Ok(sock.walk_table(family, name, &mut b)?.then_some(b.0))
+}
+
+/// Reads every table of a family that `ours` accepts, compactly, in one walk.
+pub fn read_views(
+    sock: &mut NftSocket,
+    family: Family,
+    ours: impl Fn(&str) -> bool,
+) -> Result<HashMap<String, TableView>, NftError> {
+    let walked = sock.walk_tables(family, None, |h| {
+        ours(&h.name).then(|| ViewBuilder::new(family))
+    })?;
+    Ok(walked.into_iter().map(|(n, b)| (n, b.0)).collect())
 }
 
 /// Reads the elements of one set (empty if it has none or does not exist).
