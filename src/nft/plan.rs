@@ -182,6 +182,18 @@ impl Plan {
         }
     }
 
+    /// The elements of a set this plan creates, encoded at once: nothing else
+    /// adds to such a set, so there is nothing to gather them with (at 10k
+    /// Services, 100k endpoint-map elements held as objects until the end).
+    pub fn add_new_set_elements(&mut self, table: TableId, set: &str, elements: &[KernelElement]) {
+        if elements.is_empty() {
+            return;
+        }
+        if let Some(b) = self.part(Phase::AddElements, table) {
+            b.add_elements(table.family, table.name(), set, elements);
+        }
+    }
+
     pub fn delete_element(&mut self, table: TableId, set: &str, e: KernelElement) {
         if !self.rebuilt.contains(&table) {
             elements_of(&mut self.delete_elements, table, set).push(e);
