@@ -3,8 +3,8 @@
 //!
 //! The walk is an interpreter over `ruleset` objects (the same ones the netlink
 //! and text backends write), so it explains exactly what kube-nft programs. The
-//! only randomness, the `numgen` cascade, is enumerated: each way through it is a
-//! path with its share of connections. Dynamic sets (session affinity) start
+//! only randomness, `numgen` (an endpoint map's slot, or a cascade's rule), is
+//! enumerated: each way through it is a path with its share of connections. Dynamic sets (session affinity) start
 //! empty here: the walk shows where a client new to the Service goes.
 
 use crate::core::net::{Family, Protocol};
@@ -593,7 +593,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cascade_of_n_endpoints_gives_each_one_nth() {
+    fn n_endpoints_get_one_nth_each() {
         let mut m = String::from("---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: d}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-a, namespace: d, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints:\n");
         for i in 1..=7 {
             m += &format!("- addresses: [10.244.0.{i}]\n");

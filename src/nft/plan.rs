@@ -24,9 +24,10 @@ pub enum RuleOp {
 }
 
 /// Rule operations that turn `old` into `new`, aligning the two chains on their
-/// last rules. Service port chains keep their endpoints in stable cascade slots
-/// counted from the end (see `translate`), so one endpoint change is one or two
-/// operations here, whatever the number of endpoints.
+/// last rules. A cascade (session affinity) keeps its endpoints in stable slots
+/// counted from the end (see `slots`), so one endpoint change is one or two
+/// operations here, whatever the number of endpoints; an endpoint map's chain
+/// has one rule.
 pub fn diff_rules(old: &[RuleView], new: &[KernelRule]) -> Vec<RuleOp> {
     let mut ops = Vec::new();
     let common = old.len().min(new.len());

@@ -3,14 +3,17 @@
 //! is unit-tested without a kernel.
 //!
 //! The layout follows kube-proxy's nftables mode (its users know the names) with
-//! the kernel's scaling traps avoided (see docs/DESIGN.md): the number of sets, and
-//! of rules bound to any one set, does not grow with the number of Services.
+//! the kernel's scaling traps avoided (see docs/DESIGN.md): no set is shared by
+//! a rule per Service, and the sets that grow with the Services (one endpoint
+//! map per Service port) are spread over the Service tables.
 //! - `service-ips` dispatches `daddr . l4proto . dport` to one chain per Service port.
 //!   The port chains and the dispatch maps are spread over `SERVICE_SHARDS` Service
 //!   tables by a hash of the Service's name (see `ruleset::TableId`); the main table
 //!   keeps everything else.
-//! - Each Service port chain picks an endpoint with a `numgen` cascade: rule k of n
-//!   matches with probability 1/(n-k), so every endpoint gets exactly 1/n.
+//! - Each Service port chain picks an endpoint with one rule, `dnat ip to numgen
+//!   random mod n map @ep-…`, over the port's endpoint map (slot : address . port),
+//!   so every endpoint gets exactly 1/n; one endpoint is a plain `dnat`, and session
+//!   affinity keeps a `numgen` cascade (rule k of n matches with probability 1/(n-k)).
 //! - Masquerade is a mark (kube-proxy's 0x4000 by default) set in the dispatch
 //!   chain and acted on in postrouting; hairpin traffic is found by one set lookup.
 //! - Filter chains reject Services with no endpoints and wrong ports on live

@@ -31,8 +31,8 @@ pub struct ChainView {
     pub rules: Vec<RuleView>,
 }
 
-/// The endpoints of a Service port chain's rules by cascade slot (slot 0 is the
-/// last rule).
+/// The endpoints of a Service port chain's DNAT rules by cascade slot (slot 0
+/// is the last rule; a single endpoint's chain has only that one).
 pub fn slots(rules: &[RuleView]) -> Vec<(IpAddr, u16)> {
     rules.iter().rev().filter_map(|r| r.dnat).collect()
 }
