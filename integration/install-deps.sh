@@ -25,3 +25,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "kube-nft needs a Rust toolchain (cargo): https://rustup.rs" >&2; exit 1; }
+# Older and newer nft, to check that they read our ruleset (integration/parity.rs).
+if [ "$for_lab" = 0 ]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/nft-versions/chroots.sh"
+fi

@@ -117,7 +117,7 @@ fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
     assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
     // IPVS rewrites the destination; the nftables table only knows what it serves.
     let listing = nft_list(c.node());
-    assert!(!listing.contains("dnat "), "{listing}");
+    assert!(!listing.contains(" dnat "), "{listing}");
     assert!(listing.contains("10.96.5.30 . tcp . 80"), "{listing}");
 
     let pods = ["pod-a", "pod-b", "pod-c"];
@@ -148,7 +148,7 @@ fn a_node_switched_from_nftables_to_ipvs_loses_its_service_tables_in_one_sync() 
     c.apply_with(&manifests, &ipvs_flags(&[]));
     let after = nft_list(c.node());
     assert!(!after.contains("kube-nft-services-"), "{after}");
-    assert!(!after.contains("dnat "), "{after}");
+    assert!(!after.contains(" dnat "), "{after}");
     assert!(after.contains("table ip kube-nft "), "{after}");
     assert_eq!(ipvsadm(c.node()), web_over_all());
     assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
@@ -467,5 +467,5 @@ fn the_lab_runs_on_the_ipvs_backend() {
     assert!(text.contains("lab passed: every pod answered"), "{text}");
     assert!(text.contains("proxy: IPVS: "), "{text}");
     assert!(text.contains("TCP  10.0.1.175:80 rr"), "{text}");
-    assert!(!text.contains("dnat "), "{text}");
+    assert!(!text.contains(" dnat "), "{text}");
 }

@@ -403,3 +403,65 @@ fn parity_with_the_ipvs_backend_table() {
         },
     );
 }
+
+/// The nft of Debian 11 (0.9.8) and 13 (1.1.x), from the chroots that
+/// `integration/nft-versions/chroots.sh` builds (install-deps runs it).
+const OTHER_NFTS: [&str; 2] = ["bullseye", "trixie"];
+
+#[test]
+fn older_and_newer_nft_read_what_we_program() {
+    require_root();
+    let rs = ruleset(&NodeConfig {
+        cluster_cidrs: vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:10:244::/56".parse().unwrap(),
+        ],
+        ..NodeConfig::default()
+    });
+    let ns = Netns::create(&unique("pv")).unwrap();
+    let to_apply = rs.clone();
+    in_netns(&ns.name, move || {
+        kernel::apply(&mut NftSocket::open().unwrap(), &to_apply).unwrap();
+    })
+    .unwrap();
+    let names: Vec<&str> = rs
+        .tables
+        .iter()
+        .flat_map(|t| {
+            let sets = t.sets.iter().map(|s| s.name.as_str());
+            sets.chain(t.chains.iter().map(|c| c.name.as_str()))
+        })
+        .collect();
+    let endpoint_maps = names.iter().filter(|n| n.starts_with("ep-")).count();
+    assert!(endpoint_maps >= 4, "the parity Services have endpoint maps");
+    for suite in OTHER_NFTS {
+        let root = format!("/var/cache/kube-nft/chroots/{suite}");
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &ns.name, "chroot", &root, "nft", "list", "ruleset",
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("running {suite}'s nft: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.is_empty(),
+            "{suite}'s nft could not list our ruleset (run integration/nft-versions/chroots.sh): {stderr}"
+        );
+        let listing = String::from_utf8_lossy(&out.stdout);
+        for name in &names {
+            assert!(listing.contains(name), "{suite}'s nft does not list {name}");
+        }
+        // Each endpoint map is listed with its type and used by its rule; 0.9.8
+        // prints the rule as `dnat ip addr . port to numgen … map @ep-…`.
+        assert_eq!(
+            listing.matches("typeof numgen random mod 1 : ").count(),
+            endpoint_maps,
+            "{suite}:\n{listing}"
+        );
+        assert_eq!(
+            listing.matches(" map @ep-").count(),
+            endpoint_maps,
+            "{suite}:\n{listing}"
+        );
+    }
+}
