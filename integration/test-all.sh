@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "the tests create network namespaces: run them as root" >&2; exit 1; }
 source integration/install-deps.sh
 
+# Kubernetes' own components for integration/cluster.rs, built from their Go
+# modules when missing (cached outside the checkout; several minutes the first time).
+bash integration/k8s/build.sh >/dev/null
+
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
 

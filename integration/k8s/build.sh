@@ -15,7 +15,7 @@
 set -euo pipefail
 version=${K8S_VERSION:-1.36.3}
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version
-components=(kube-apiserver kube-controller-manager kube-proxy)
+components=(kube-apiserver kube-controller-manager kube-proxy kubectl)
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 
 missing=()

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane in network namespaces: etcd (Debian's
+# etcd-server), and kube-apiserver and kube-controller-manager as build.sh builds
+# them. Nothing runs in the host's namespace and nothing is left behind.
+#
+# KUBE_NFT_BIN names the kube-nft binary (default: target/debug/kube-nft).
+#
+#   integration/k8s/cluster.sh up DIR     # start; DIR gets the keys, logs, pids
+#                                         # and env (APISERVER, KUBECONFIG, …)
+#   integration/k8s/cluster.sh down DIR   # stop every process, delete the namespaces
+#   integration/k8s/cluster.sh smoke      # up; deploy/ dry-run and its RBAC
+#                                         # checked with `kubectl auth can-i`; one
+#                                         # Service and two Pods made Ready by hand,
+#                                         # the real EndpointSlice controller's
+#                                         # slice; kube-nft, as the DaemonSet runs
+#                                         # it, programming it in a node namespace;
+#                                         # then down
+#
+# Layout: a fabric namespace with a bridge (10.100.0.0/24); the control plane's
+# namespace at 10.100.0.1 on it; node namespaces join it at .11, .12, …
+# Authentication is a static token (the harness's admin, system:masters) and
+# service-account tokens signed with a key made here; authorization is RBAC, so
+# kube-nft's ServiceAccount has only what deploy/'s ClusterRole grants.
+# Exits non-zero on any failure; prints the versions it ran.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+prefix=${KUBE_NFT_CLUSTER_PREFIX:-kc}
+fabric=${prefix}-fab
+cp_ns=${prefix}-cp
+cp_ip=10.100.0.1
+kube_nft=${KUBE_NFT_BIN:-$here/../../target/debug/kube-nft}
+service_cidr=10.96.0.0/16
+
+log() { echo "cluster: $*" >&2; }
+
+ns_exec() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# Starts a process in a namespace, detached, its output in DIR/NAME.log.
+start() {
+  local dir=$1 ns=$2 name=$3; shift 3
+  ip netns exec "$ns" setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  echo "$! $name" >>"$dir/pids"
+}
+
+# Polls a command until it succeeds, for at most $2 seconds.
+wait_for() {
+  local what=$1 limit=$2; shift 2
+  local i
+  for ((i = 0; i < limit * 4; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.25
+  done
+  log "gave up after ${limit}s waiting for $what"
+  return 1
+}
+
+keys() {
+  local dir=$1
+  local pki=$dir/pki
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=kube-nft-test-ca \
+    -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj /CN=kube-apiserver \
+    -keyout "$pki/apiserver.key" -out "$pki/apiserver.csr" 2>/dev/null
+  printf 'subjectAltName=IP:%s,IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n' "$cp_ip" >"$pki/san.ext"
+  openssl x509 -req -in "$pki/apiserver.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" \
+    -CAcreateserial -days 2 -extfile "$pki/san.ext" -out "$pki/apiserver.crt" 2>/dev/null
+  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  admin_token=$(openssl rand -hex 16)
+  echo "$admin_token,kube-nft-test-admin,kube-nft-test-admin,system:masters" >"$pki/tokens.csv"
+  cat >"$dir/admin.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters: [{name: test, cluster: {server: "https://$cp_ip:6443", certificate-authority: "$pki/ca.crt"}}]
+users: [{name: admin, user: {token: "$admin_token"}}]
+contexts: [{name: test, context: {cluster: test, user: admin}}]
+current-context: test
+EOF
+}
+
+network() {
+  ip netns add "$fabric"
+  ip netns add "$cp_ns"
+  ns_exec "$fabric" ip link add br0 type bridge
+  ns_exec "$fabric" ip link set br0 up
+  ns_exec "$fabric" ip link set lo up
+  ip link add "${prefix}-cp0" netns "$cp_ns" type veth peer name cp netns "$fabric"
+  ns_exec "$fabric" ip link set cp master br0 up
+  ns_exec "$cp_ns" ip link set lo up
+  ns_exec "$cp_ns" ip addr add "$cp_ip/24" dev "${prefix}-cp0"
+  ns_exec "$cp_ns" ip link set "${prefix}-cp0" up
+}
+
+up() {
+  local dir=$1
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  command -v etcd >/dev/null || { log "etcd is missing (Debian's etcd-server)"; exit 1; }
+  local bin
+  bin=$("$here/build.sh")
+  : >"$dir/pids"
+  keys "$dir"
+  network
+  local pki=$dir/pki
+  start "$dir" "$cp_ns" etcd etcd --data-dir "$dir/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380
+  wait_for "etcd" 30 ns_exec "$cp_ns" curl -sf http://127.0.0.1:2379/health
+  start "$dir" "$cp_ns" kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers http://127.0.0.1:2379 \
+    --bind-address "$cp_ip" --advertise-address "$cp_ip" --secure-port 6443 \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range "$service_cidr"
+  wait_for "kube-apiserver /readyz" 90 ns_exec "$cp_ns" \
+    curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $admin_token" "https://$cp_ip:6443/readyz"
+  start "$dir" "$cp_ns" kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/admin.kubeconfig" \
+    --controllers endpointslice,endpointslicemirroring,namespace,serviceaccount,serviceaccount-token,garbagecollector \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port 10257 \
+    --authentication-skip-lookup
+  wait_for "kube-controller-manager /healthz" 60 ns_exec "$cp_ns" curl -skf https://127.0.0.1:10257/healthz
+  cat >"$dir/env" <<EOF
+APISERVER=https://$cp_ip:6443
+APISERVER_IP=$cp_ip
+KUBECONFIG=$dir/admin.kubeconfig
+CA=$pki/ca.crt
+ADMIN_TOKEN=$admin_token
+CONTROL_PLANE_NETNS=$cp_ns
+FABRIC_NETNS=$fabric
+BIN=$bin
+EOF
+  log "up: etcd $(etcd --version | sed -n 's/^etcd Version: //p'), kube-apiserver $("$bin/kube-apiserver" --version | sed 's/^Kubernetes //'), kube-controller-manager $("$bin/kube-controller-manager" --version | sed 's/^Kubernetes //')"
+}
+
+down() {
+  local dir=$1
+  if [ -f "$dir/pids" ]; then
+    # Last started first; each was started with setsid, so its group goes too.
+    tac "$dir/pids" | while read -r pid _; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+    sleep 1
+    tac "$dir/pids" | while read -r pid _; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+    rm -f "$dir/pids"
+  fi
+  for ns in $(ip netns list | awk -v p="$prefix-" 'index($1, p) == 1 { print $1 }'); do
+    ip netns del "$ns"
+  done
+}
+
+kubectl() { ns_exec "$CONTROL_PLANE_NETNS" "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+
+# deploy/ against the real API server: every manifest passes a server-side dry
+# run; the RBAC and ConfigMap are applied; kube-nft's ServiceAccount may read
+# what it watches and nothing else.
+deploy_manifests() {
+  local deploy=$here/../../deploy
+  kubectl apply --dry-run=server -f "$deploy/rbac.yaml" -f "$deploy/config.yaml" -f "$deploy/daemonset.yaml" >/dev/null
+  kubectl apply -f "$deploy/rbac.yaml" -f "$deploy/config.yaml" >/dev/null
+  local as=system:serviceaccount:kube-system:kube-nft check
+  for check in "list services" "watch services" "get nodes" "watch endpointslices.discovery.k8s.io" "list servicecidrs.networking.k8s.io"; do
+    # shellcheck disable=SC2086
+    [ "$(kubectl auth can-i $check --as "$as" 2>/dev/null || true)" = yes ] || { log "kube-nft may not $check"; return 1; }
+  done
+  for check in "create services" "update endpointslices.discovery.k8s.io" "delete nodes" "patch nodes" \
+    "get secrets" "list secrets" "list pods" "create events" "create serviceaccounts --subresource=token"; do
+    # shellcheck disable=SC2086
+    [ "$(kubectl auth can-i $check --as "$as" 2>/dev/null || true)" = no ] || { log "kube-nft may $check: more than it needs"; return 1; }
+  done
+}
+
+# Runs kube-nft in a node's namespace as the DaemonSet runs it: deploy/'s
+# ConfigMap as its config, KUBERNETES_SERVICE_HOST/PORT naming the API server,
+# and a token of its ServiceAccount with the cluster's CA where client
+# libraries look for them (a tmpfs on /run in a mount namespace of its own).
+daemonset_run() {
+  local dir=$1 node=$2 node_name=$3; shift 3
+  local sa=$dir/serviceaccount
+  mkdir -p "$sa"
+  kubectl create token kube-nft -n kube-system --duration 1h >"$sa/token"
+  cp "$CA" "$sa/ca.crt"
+  echo kube-system >"$sa/namespace"
+  kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$dir/config.conf"
+  ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
+    unshare --mount --propagation private sh -c '
+      mount -t tmpfs tmpfs /run &&
+      mkdir -p /run/secrets/kubernetes.io &&
+      cp -r "$1" /run/secrets/kubernetes.io/serviceaccount &&
+      shift && exec "$@"' sh "$sa" \
+    "$kube_nft" run --config="$dir/config.conf" --hostname-override="$node_name" "$@"
+}
+
+# Talks to the API server from the control plane's namespace, as the admin.
+api() {
+  local method=$1 path=$2 body=${3:-}
+  local args=(-sf --cacert "$CA" -H "Authorization: Bearer $ADMIN_TOKEN" -X "$method")
+  if [ -n "$body" ]; then
+    local type=application/json
+    [ "$method" = PATCH ] && type=application/merge-patch+json
+    args+=(-H "Content-Type: $type" --data-binary "$body")
+  fi
+  ns_exec "$CONTROL_PLANE_NETNS" curl "${args[@]}" "$APISERVER$path"
+}
+
+smoke() {
+  smoke_dir=$(mktemp -d /var/tmp/kube-nft-cluster.XXXXXX)
+  trap 'down "$smoke_dir"; rm -rf "$smoke_dir"' EXIT
+  local dir=$smoke_dir
+  up "$dir"
+  # shellcheck disable=SC1091
+  source "$dir/env"
+  # The node, as its kubelet would register it: the EndpointSlice controller
+  # skips pods on a node it does not know.
+  api POST /api/v1/nodes \
+    '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"},"spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24"]}}' >/dev/null
+  api PATCH /api/v1/nodes/node-a/status \
+    '{"status":{"addresses":[{"type":"InternalIP","address":"10.100.0.11"}],"conditions":[{"type":"Ready","status":"True"}]}}' >/dev/null
+  api POST /api/v1/namespaces/default/services \
+    '{"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},"spec":{"selector":{"app":"web"},"ports":[{"name":"http","port":80,"targetPort":9376}]}}' >/dev/null
+  local ip
+  for ip in 10.244.1.10 10.244.1.11; do
+    local pod=web-${ip##*.}
+    api POST /api/v1/namespaces/default/pods \
+      "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"$pod\",\"labels\":{\"app\":\"web\"}},\"spec\":{\"nodeName\":\"node-a\",\"containers\":[{\"name\":\"web\",\"image\":\"none\",\"ports\":[{\"containerPort\":9376}]}]}}" >/dev/null
+    # What a kubelet would write: the pod's address, and Ready.
+    api PATCH "/api/v1/namespaces/default/pods/$pod/status" \
+      "{\"status\":{\"phase\":\"Running\",\"podIP\":\"$ip\",\"podIPs\":[{\"ip\":\"$ip\"}],\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}]}}" >/dev/null
+  done
+  slice_has_both() {
+    api GET "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io/service-name%3Dweb" |
+      python3 -c 'import json,sys; eps=[a for s in json.load(sys.stdin)["items"] for e in s.get("endpoints") or [] if e["conditions"].get("ready") for a in e["addresses"]]; sys.exit(0 if sorted(eps)==["10.244.1.10","10.244.1.11"] else 1)'
+  }
+  wait_for "the EndpointSlice controller's slice for web" 30 slice_has_both
+  local cluster_ip
+  cluster_ip=$(api GET /api/v1/namespaces/default/services/web | python3 -c 'import json,sys; print(json.load(sys.stdin)["spec"]["clusterIP"])')
+  # A node namespace on the fabric, and kube-nft synced once from the API server.
+  local node=${prefix}-node-a
+  ip netns add "$node"
+  ip link add "${prefix}-na0" netns "$node" type veth peer name na netns "$FABRIC_NETNS"
+  ns_exec "$FABRIC_NETNS" ip link set na master br0 up
+  ns_exec "$node" ip link set lo up
+  ns_exec "$node" ip addr add 10.100.0.11/24 dev "${prefix}-na0"
+  ns_exec "$node" ip link set "${prefix}-na0" up
+  deploy_manifests
+  daemonset_run "$dir" "$node" node-a --once >"$dir/kube-nft.log" 2>&1 ||
+    { cat "$dir/kube-nft.log" >&2; log "kube-nft run --once failed"; exit 1; }
+  local listing
+  listing=$(ns_exec "$node" nft list ruleset)
+  for want in "$cluster_ip . tcp . 80" "0 : 10.244.1.10 . 9376" "1 : 10.244.1.11 . 9376" "numgen random mod 2 map @ep-"; do
+    grep -qF -- "$want" <<<"$listing" || { echo "$listing" >&2; log "the node's ruleset lacks: $want"; exit 1; }
+  done
+  log "smoke passed: deploy/ accepted by the API server (dry run) and its RBAC least privilege; Service web ($cluster_ip) from the real API server and EndpointSlice controller, programmed by kube-nft running as the DaemonSet runs it"
+}
+
+case ${1:-} in
+up) up "${2:?usage: cluster.sh up DIR}" ;;
+down) down "${2:?usage: cluster.sh down DIR}" ;;
+smoke) smoke ;;
+*) echo "usage: cluster.sh up DIR | down DIR | smoke" >&2; exit 2 ;;
+esac
