@@ -1,25 +1,112 @@
 //! kube-nft against a real Kubernetes control plane (issue #17, first part):
-//! `integration/k8s/cluster.sh smoke` starts etcd, kube-apiserver and
-//! kube-controller-manager v1.36 in network namespaces, checks deploy/ with a
-//! server-side dry run and its RBAC with `kubectl auth can-i`, makes a Service
-//! and two Pods Ready (as a kubelet would report them), waits for the real
-//! EndpointSlice controller's slice, and has kube-nft, run as the DaemonSet
-//! runs it (its ServiceAccount's token, deploy/'s ConfigMap), program it in a
-//! node namespace.
+//! etcd, kube-apiserver and kube-controller-manager v1.36 in network namespaces
+//! (`integration/k8s/cluster.sh`), with kube-nft run as the DaemonSet runs it
+//! (deploy/'s ConfigMap, its ServiceAccount's token, RBAC). The harness plays the
+//! kubelet: it registers the Node and reports Pods running and Ready with the
+//! addresses of pod namespaces it starts; the real EndpointSlice controller makes
+//! the slices.
 
 mod common;
 
-use common::require_root;
-use std::process::Command;
+use common::*;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/integration/k8s/cluster.sh");
+
+fn script(prefix: &str) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(SCRIPT)
+        .env("KUBE_NFT_BIN", BIN)
+        .env("KUBE_NFT_CLUSTER_PREFIX", prefix);
+    c
+}
+
+fn checked(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A control plane that `cluster.sh up` started; `down` on drop.
+struct ControlPlane {
+    prefix: String,
+    dir: PathBuf,
+}
+
+impl ControlPlane {
+    fn up(prefix: &str) -> ControlPlane {
+        let dir = std::env::temp_dir().join(unique(&format!("{prefix}-cluster")));
+        let cp = ControlPlane {
+            prefix: prefix.to_string(),
+            dir,
+        };
+        let out = script(prefix).arg("up").arg(&cp.dir).output().unwrap();
+        checked("cluster.sh up", out);
+        cp
+    }
+
+    fn dir(&self) -> &str {
+        self.dir.to_str().unwrap()
+    }
+
+    /// `cluster.sh SUBCOMMAND DIR ARGS…`.
+    fn run(&self, subcommand: &str, args: &[&str]) -> String {
+        let out = script(&self.prefix)
+            .args([subcommand, self.dir()])
+            .args(args)
+            .output()
+            .unwrap();
+        checked(&format!("cluster.sh {subcommand} {args:?}"), out)
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        self.run("kubectl", args)
+    }
+
+    fn apply(&self, yaml: &str) {
+        let mut child = script(&self.prefix)
+            .args(["kubectl", self.dir(), "apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        checked("kubectl apply", child.wait_with_output().unwrap());
+    }
+
+    /// kube-nft in `netns` as the DaemonSet runs it, until dropped.
+    fn daemonset(&self, netns: &str, node: &str, log: PathBuf) -> Daemon {
+        let mut command = script(&self.prefix);
+        command.args(["daemonset", self.dir(), netns, node]);
+        Daemon::spawn_command(command, log)
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = script(&self.prefix).args(["down", self.dir()]).output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
 
 #[test]
 fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daemonset_runs_it() {
     require_root();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/integration/k8s/cluster.sh");
-    let out = Command::new("bash")
-        .args([script, "smoke"])
-        .env("KUBE_NFT_BIN", env!("CARGO_BIN_EXE_kube-nft"))
-        .env("KUBE_NFT_CLUSTER_PREFIX", "kc1")
+    let out = script("kc1")
+        .arg("smoke")
         .output()
         .expect("running integration/k8s/cluster.sh");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -27,4 +114,64 @@ fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daem
     assert!(out.status.success(), "cluster.sh smoke failed:\n{stderr}");
     assert!(stderr.contains("smoke passed"), "{stderr}");
     assert!(stderr.contains("kube-apiserver v1.36"), "{stderr}");
+}
+
+const PODS: [(&str, &str); 2] = [("web-a", "10.244.0.11"), ("web-b", "10.244.0.12")];
+
+/// Scenarios 1, 5 and 6 of issue #17 on one node, with packets: a ClusterIP
+/// reached from outside the node and from a pod, then scaled to zero (refused at
+/// once), then deleted (its rules gone).
+#[test]
+fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes() {
+    let pods: Vec<(&str, &[&str])> = vec![("web-a", &["10.244.0.11"]), ("web-b", &["10.244.0.12"])];
+    let c = Cluster::new("kcs", &pods, &[9376]);
+    let cp = ControlPlane::up("kc2");
+    cp.run("join", &[c.node(), "10.100.0.11"]);
+    cp.run("node", &["node-a", "10.100.0.11", "10.244.0.0/24"]);
+    cp.run("deploy", &[]);
+    let mut manifest = String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 9376}]}\n",
+    );
+    for (name, _) in PODS {
+        manifest += &format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: node-a, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
+        );
+    }
+    cp.apply(&manifest);
+    for (name, ip) in PODS {
+        cp.run("pod-ready", &["default", name, ip]);
+    }
+    let cluster_ip = cp.kubectl(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let vip = format!("{cluster_ip}:80");
+    let _kube_nft = cp.daemonset(c.node(), "node-a", c.scratch.0.join("kube-nft.log"));
+
+    wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
+        answers(c.client(), &vip)
+    });
+    let from_outside = tally(c.client(), &vip, 30, false);
+    assert!(from_outside.errors.is_empty(), "{from_outside:?}");
+    assert_eq!(from_outside.answers.len(), 2, "both pods: {from_outside:?}");
+    let from_pod = tally(&c.pod_ns("web-a"), &vip, 30, false);
+    assert!(from_pod.errors.is_empty(), "{from_pod:?}");
+    assert_eq!(from_pod.answers.len(), 2, "both pods: {from_pod:?}");
+
+    // Scale to zero: the pods go (forced: no kubelet confirms a graceful end), the
+    // controller empties the slice, and a connection is refused at once.
+    cp.kubectl(&[
+        "delete",
+        "pod",
+        "web-a",
+        "web-b",
+        "--grace-period=0",
+        "--force",
+    ]);
+    wait_until(Duration::from_secs(30), "the ClusterIP to refuse", || {
+        let (error, took) = connect_error(c.client(), &vip, Duration::from_secs(1));
+        error == Some(std::io::ErrorKind::ConnectionRefused) && took < Duration::from_millis(500)
+    });
+
+    cp.kubectl(&["delete", "service", "web"]);
+    wait_until(Duration::from_secs(30), "the Service's rules to go", || {
+        !nft_list(c.node()).contains(&cluster_ip)
+    });
 }

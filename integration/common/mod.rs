@@ -336,6 +336,17 @@ impl Daemon {
         Daemon { child, log }
     }
 
+    /// Any command that ends up exec'ing kube-nft (so that the child is kube-nft).
+    pub fn spawn_command(mut command: Command, log: PathBuf) -> Daemon {
+        let file = std::fs::File::create(&log).unwrap();
+        let child = command
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
     /// Sends SIGTERM (`ip netns exec` execs the binary: the child is kube-nft) and
     /// waits for the exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {

@@ -185,13 +185,43 @@ daemonset_run() {
   cp "$CA" "$sa/ca.crt"
   echo kube-system >"$sa/namespace"
   kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$dir/config.conf"
-  ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
+  # exec: the caller's process becomes kube-nft, so that stopping it stops kube-nft.
+  exec ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
     unshare --mount --propagation private sh -c '
       mount -t tmpfs tmpfs /run &&
       mkdir -p /run/secrets/kubernetes.io &&
       cp -r "$1" /run/secrets/kubernetes.io/serviceaccount &&
       shift && exec "$@"' sh "$sa" \
     "$kube_nft" run --config="$dir/config.conf" --hostname-override="$node_name" "$@"
+}
+
+# Wires a node's namespace to the fabric at this address (a /24 beside the API
+# server's).
+join() {
+  local node=$1 ip=$2
+  local n=${ip##*.}
+  ip link add "${prefix}-n${n}" netns "$node" type veth peer name "n${n}" netns "$FABRIC_NETNS"
+  ns_exec "$FABRIC_NETNS" ip link set "n${n}" master br0 up
+  ns_exec "$node" ip link set lo up
+  ns_exec "$node" ip addr add "$ip/24" dev "${prefix}-n${n}"
+  ns_exec "$node" ip link set "${prefix}-n${n}" up
+}
+
+# Registers a Node as its kubelet would: its address, its pod CIDR, Ready. The
+# EndpointSlice controller skips pods on a node it does not know.
+register_node() {
+  local name=$1 ip=$2 pod_cidr=$3
+  api POST /api/v1/nodes \
+    "{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"$name\"},\"spec\":{\"podCIDR\":\"$pod_cidr\",\"podCIDRs\":[\"$pod_cidr\"]}}" >/dev/null
+  api PATCH "/api/v1/nodes/$name/status" \
+    "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"$ip\"}],\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}]}}" >/dev/null
+}
+
+# What a kubelet writes once a pod runs: its address, and Ready.
+pod_ready() {
+  local namespace=$1 pod=$2 ip=$3
+  api PATCH "/api/v1/namespaces/$namespace/pods/$pod/status" \
+    "{\"status\":{\"phase\":\"Running\",\"podIP\":\"$ip\",\"podIPs\":[{\"ip\":\"$ip\"}],\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}]}}" >/dev/null
 }
 
 # Talks to the API server from the control plane's namespace, as the admin.
@@ -213,12 +243,7 @@ smoke() {
   up "$dir"
   # shellcheck disable=SC1091
   source "$dir/env"
-  # The node, as its kubelet would register it: the EndpointSlice controller
-  # skips pods on a node it does not know.
-  api POST /api/v1/nodes \
-    '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"},"spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24"]}}' >/dev/null
-  api PATCH /api/v1/nodes/node-a/status \
-    '{"status":{"addresses":[{"type":"InternalIP","address":"10.100.0.11"}],"conditions":[{"type":"Ready","status":"True"}]}}' >/dev/null
+  register_node node-a 10.100.0.11 10.244.1.0/24
   api POST /api/v1/namespaces/default/services \
     '{"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},"spec":{"selector":{"app":"web"},"ports":[{"name":"http","port":80,"targetPort":9376}]}}' >/dev/null
   local ip
@@ -226,9 +251,7 @@ smoke() {
     local pod=web-${ip##*.}
     api POST /api/v1/namespaces/default/pods \
       "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"$pod\",\"labels\":{\"app\":\"web\"}},\"spec\":{\"nodeName\":\"node-a\",\"containers\":[{\"name\":\"web\",\"image\":\"none\",\"ports\":[{\"containerPort\":9376}]}]}}" >/dev/null
-    # What a kubelet would write: the pod's address, and Ready.
-    api PATCH "/api/v1/namespaces/default/pods/$pod/status" \
-      "{\"status\":{\"phase\":\"Running\",\"podIP\":\"$ip\",\"podIPs\":[{\"ip\":\"$ip\"}],\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}]}}" >/dev/null
+    pod_ready default "$pod" "$ip"
   done
   slice_has_both() {
     api GET "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io/service-name%3Dweb" |
@@ -240,13 +263,9 @@ smoke() {
   # A node namespace on the fabric, and kube-nft synced once from the API server.
   local node=${prefix}-node-a
   ip netns add "$node"
-  ip link add "${prefix}-na0" netns "$node" type veth peer name na netns "$FABRIC_NETNS"
-  ns_exec "$FABRIC_NETNS" ip link set na master br0 up
-  ns_exec "$node" ip link set lo up
-  ns_exec "$node" ip addr add 10.100.0.11/24 dev "${prefix}-na0"
-  ns_exec "$node" ip link set "${prefix}-na0" up
+  join "$node" 10.100.0.11
   deploy_manifests
-  daemonset_run "$dir" "$node" node-a --once >"$dir/kube-nft.log" 2>&1 ||
+  (daemonset_run "$dir" "$node" node-a --once) >"$dir/kube-nft.log" 2>&1 ||
     { cat "$dir/kube-nft.log" >&2; log "kube-nft run --once failed"; exit 1; }
   local listing
   listing=$(ns_exec "$node" nft list ruleset)
@@ -256,9 +275,25 @@ smoke() {
   log "smoke passed: deploy/ accepted by the API server (dry run) and its RBAC least privilege; Service web ($cluster_ip) from the real API server and EndpointSlice controller, programmed by kube-nft running as the DaemonSet runs it"
 }
 
+# For tests that drive a cluster themselves: the subcommands after `up` take its DIR.
+with_env() {
+  # shellcheck disable=SC1091
+  source "$1/env"
+}
+
 case ${1:-} in
 up) up "${2:?usage: cluster.sh up DIR}" ;;
 down) down "${2:?usage: cluster.sh down DIR}" ;;
 smoke) smoke ;;
-*) echo "usage: cluster.sh up DIR | down DIR | smoke" >&2; exit 2 ;;
+join) with_env "$2"; join "$3" "$4" ;;                      # DIR NETNS IP
+node) with_env "$2"; register_node "$3" "$4" "$5" ;;        # DIR NAME IP POD_CIDR
+pod-ready) with_env "$2"; pod_ready "$3" "$4" "$5" ;;       # DIR NAMESPACE POD IP
+kubectl) with_env "$2"; shift 2; kubectl "$@" ;;            # DIR ARGS… (stdin passes)
+deploy) with_env "$2"; deploy_manifests ;;                  # DIR
+# DIR NETNS NODE_NAME [ARGS…]: kube-nft in the foreground, as the DaemonSet runs it.
+daemonset) with_env "$2"; dir=$2 node=$3 name=$4; shift 4; daemonset_run "$dir" "$node" "$name" "$@" ;;
+*)
+  echo "usage: cluster.sh up DIR | down DIR | smoke | join|node|pod-ready|kubectl|deploy|daemonset DIR …" >&2
+  exit 2
+  ;;
 esac
