@@ -9,7 +9,8 @@
 mod common;
 
 use common::*;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -20,7 +21,8 @@ fn script(prefix: &str) -> Command {
     let mut c = Command::new("bash");
     c.arg(SCRIPT)
         .env("KUBE_NFT_BIN", BIN)
-        .env("KUBE_NFT_CLUSTER_PREFIX", prefix);
+        .env("KUBE_NFT_CLUSTER_PREFIX", prefix)
+        .env("RUST_LOG", "info,kube_nft::engine=debug");
     c
 }
 
@@ -68,6 +70,16 @@ impl ControlPlane {
 
     fn kubectl(&self, args: &[&str]) -> String {
         self.run("kubectl", args)
+    }
+
+    fn cluster_ip(&self, service: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "service",
+            service,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
     }
 
     fn apply(&self, yaml: &str) {
@@ -118,32 +130,61 @@ fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daem
 
 const PODS: [(&str, &str); 2] = [("web-a", "10.244.0.11"), ("web-b", "10.244.0.12")];
 
+/// One node namespace on a control plane's bridge, registered as node-a, with
+/// deploy/ applied, pods web-a and web-b serving their names and reported Ready,
+/// and a Service `web` selecting them.
+struct Serving {
+    // Dropped in this order: the control plane before the namespaces it joined.
+    cp: ControlPlane,
+    c: Cluster,
+    cluster_ip: String,
+}
+
+impl Serving {
+    fn new(tag: &str, prefix: &str) -> Serving {
+        let pods: Vec<(&str, &[&str])> =
+            vec![("web-a", &["10.244.0.11"]), ("web-b", &["10.244.0.12"])];
+        let c = Cluster::new(tag, &pods, &[9376]);
+        let cp = ControlPlane::up(prefix);
+        cp.run("join", &[c.node(), "10.100.0.11"]);
+        cp.run("node", &["node-a", "10.100.0.11", "10.244.0.0/24"]);
+        cp.run("deploy", &[]);
+        let mut manifest = service_yaml("web");
+        for (name, _) in PODS {
+            manifest += &format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: node-a, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
+            );
+        }
+        cp.apply(&manifest);
+        for (name, ip) in PODS {
+            cp.run("pod-ready", &["default", name, ip]);
+        }
+        let cluster_ip = cp.cluster_ip("web");
+        Serving { cp, c, cluster_ip }
+    }
+
+    fn vip(&self) -> String {
+        format!("{}:80", self.cluster_ip)
+    }
+
+    fn daemonset(&self, log: &str) -> Daemon {
+        self.cp
+            .daemonset(self.c.node(), "node-a", self.c.scratch.0.join(log))
+    }
+}
+
+fn service_yaml(name: &str) -> String {
+    format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{selector: {{app: web}}, ports: [{{name: http, port: 80, targetPort: 9376}}]}}\n")
+}
+
 /// Scenarios 1, 5 and 6 of issue #17 on one node, with packets: a ClusterIP
 /// reached from outside the node and from a pod, then scaled to zero (refused at
 /// once), then deleted (its rules gone).
 #[test]
 fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes() {
-    let pods: Vec<(&str, &[&str])> = vec![("web-a", &["10.244.0.11"]), ("web-b", &["10.244.0.12"])];
-    let c = Cluster::new("kcs", &pods, &[9376]);
-    let cp = ControlPlane::up("kc2");
-    cp.run("join", &[c.node(), "10.100.0.11"]);
-    cp.run("node", &["node-a", "10.100.0.11", "10.244.0.0/24"]);
-    cp.run("deploy", &[]);
-    let mut manifest = String::from(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 9376}]}\n",
-    );
-    for (name, _) in PODS {
-        manifest += &format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: node-a, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
-        );
-    }
-    cp.apply(&manifest);
-    for (name, ip) in PODS {
-        cp.run("pod-ready", &["default", name, ip]);
-    }
-    let cluster_ip = cp.kubectl(&["get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"]);
-    let vip = format!("{cluster_ip}:80");
-    let _kube_nft = cp.daemonset(c.node(), "node-a", c.scratch.0.join("kube-nft.log"));
+    let s = Serving::new("kcs", "kc2");
+    let (c, cp, vip) = (&s.c, &s.cp, s.vip());
+    let _kube_nft = s.daemonset("kube-nft.log");
 
     wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
         answers(c.client(), &vip)
@@ -172,6 +213,92 @@ fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes(
 
     cp.kubectl(&["delete", "service", "web"]);
     wait_until(Duration::from_secs(30), "the Service's rules to go", || {
-        !nft_list(c.node()).contains(&cluster_ip)
+        !nft_list(c.node()).contains(&s.cluster_ip)
     });
+}
+
+/// Scenarios 7, 8 and 9 of issue #17: kube-nft restarted while a connection is
+/// held (it survives; the restart writes nothing); the API server restarted (the
+/// watches resume: a Service made afterwards is programmed); etcd compacted while
+/// the API server is down, so watches cannot resume (a real 410 Gone): the kinds
+/// relist, and the relists change no rule.
+#[test]
+fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
+    let s = Serving::new("kcr", "kc3");
+    let (c, cp, vip) = (&s.c, &s.cp, s.vip());
+    let mut first = s.daemonset("kube-nft-1.log");
+    wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
+        answers(c.client(), &vip)
+    });
+
+    let target: SocketAddr = vip.parse().unwrap();
+    let mut held = kube_nft::netns::in_netns(c.client(), move || {
+        TcpStream::connect_timeout(&target, Duration::from_secs(2))
+    })
+    .unwrap()
+    .unwrap();
+    first.terminate();
+    let second = s.daemonset("kube-nft-2.log");
+    wait_until(Duration::from_secs(30), "the restart's first sync", || {
+        second.syncs("Full") >= 1
+    });
+    let log = second.log_text();
+    assert!(
+        log.contains("kind=Full") && log.contains("messages=0 bytes=0"),
+        "the restart wrote something:\n{log}"
+    );
+    held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(held, "GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    held.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 200") && resp.contains("web-"),
+        "{resp}"
+    );
+
+    cp.run("restart-apiserver", &[]);
+    cp.apply(&service_yaml("after-restart"));
+    let after = format!("{}:80", cp.cluster_ip("after-restart"));
+    wait_until(
+        Duration::from_secs(60),
+        "a Service made after the API server's restart to answer",
+        || answers(c.client(), &after),
+    );
+
+    // The controller manager is stopped meanwhile: when the API server comes
+    // back, its EndpointSlice controller rewrites slices (their generation
+    // moves), which kube-nft rightly syncs, and which would hide whether the
+    // relists themselves changed anything.
+    cp.run("stop-controllers", &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    let ruleset = nft_list(c.node());
+    let log_before = second.log_text().len();
+    let relists = second.log_text().matches("relisting ").count();
+    cp.run("restart-apiserver", &["compact"]);
+    // A kind whose last event is the newest revision resumes even so; the others
+    // meet a real 410 Gone and relist.
+    wait_until(Duration::from_secs(60), "a relist after 410 Gone", || {
+        second.log_text().matches("relisting ").count() > relists
+    });
+    // The API server takes its own address out of the `kubernetes` Service's
+    // endpoints when it stops and puts it back when it starts: that Service
+    // really changes. Every other Service must come through the relists untouched.
+    wait_until(
+        Duration::from_secs(30),
+        "the ruleset to be what it was",
+        || nft_list(c.node()) == ruleset,
+    );
+    let since = second.log_text()[log_before..].to_string();
+    let synced: Vec<&str> = since
+        .lines()
+        .filter_map(|l| l.split("partial sync of ").nth(1))
+        .filter(|what| !what.ends_with(": default/kubernetes"))
+        .collect();
+    assert!(
+        synced.is_empty(),
+        "the relists synced Services that did not change: {synced:?}\n{since}"
+    );
+    cp.run("start-controllers", &[]);
+    let t = tally(c.client(), &vip, 20, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 2, "{t:?}");
 }

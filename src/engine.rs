@@ -103,6 +103,14 @@ impl Engine {
             SyncKind::Full => Vec::new(),
             SyncKind::Partial => self.dirty.iter().cloned().collect(),
         };
+        if kind == SyncKind::Partial {
+            let keys: Vec<String> = recomputed.iter().take(8).map(|k| k.to_string()).collect();
+            tracing::debug!(
+                "partial sync of {} Service(s): {}",
+                recomputed.len(),
+                keys.join(", ")
+            );
+        }
         let mut written = Vec::new();
         for d in &mut self.dataplanes {
             let result = match kind {

@@ -92,6 +92,70 @@ network() {
   ns_exec "$cp_ns" ip link set "${prefix}-cp0" up
 }
 
+start_controllers() {
+  local dir=$1 bin=$2 pki=$1/pki
+  start "$dir" "$cp_ns" kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/admin.kubeconfig" \
+    --controllers endpointslice,endpointslicemirroring,namespace,serviceaccount,serviceaccount-token,garbagecollector \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port 10257 \
+    --authentication-skip-lookup
+  wait_for "kube-controller-manager /healthz" 60 ns_exec "$cp_ns" curl -skf https://127.0.0.1:10257/healthz
+}
+
+# Stops one of the processes `up` started, gracefully for five seconds, then not.
+stop() {
+  local dir=$1 name=$2
+  local pid
+  pid=$(awk -v n="$name" '$2 == n { p = $1 } END { print p }' "$dir/pids")
+  [ -n "$pid" ] || { log "$name is not running"; return 1; }
+  kill -TERM -- "-$pid"
+  wait_for "$name to stop" 5 gone "$pid" 2>/dev/null || kill -KILL -- "-$pid"
+  wait_for "$name to stop" 10 gone "$pid"
+  sed -i "/^$pid $name\$/d" "$dir/pids"
+}
+
+start_apiserver() {
+  local dir=$1 bin=$2 pki=$1/pki
+  start "$dir" "$cp_ns" kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers http://127.0.0.1:2379 \
+    --bind-address "$cp_ip" --advertise-address "$cp_ip" --secure-port 6443 \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
+    --authorization-mode RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range "$service_cidr"
+  local token
+  token=$(cut -d, -f1 "$pki/tokens.csv")
+  wait_for "kube-apiserver /readyz" 90 ns_exec "$cp_ns" \
+    curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $token" "https://$cp_ip:6443/readyz"
+}
+
+# Whether a process has ended (a zombie has: nobody may be left to reap it).
+gone() {
+  local state
+  state=$(awk '/^State:/ { print $2 }' "/proc/$1/status" 2>/dev/null || true)
+  [ -z "$state" ] || [ "$state" = Z ]
+}
+
+# Stops the API server and starts it again; with `compact`, etcd's history is
+# compacted while it is down, so a watch that resumes from before gets 410 Gone.
+restart_apiserver() {
+  local dir=$1 compact=${2:-}
+  # Its graceful shutdown waits on long-running requests for longer than a test
+  # wants: `stop` gives it five seconds, then SIGKILL (a crash is a restart too).
+  stop "$dir" kube-apiserver
+  if [ "$compact" = compact ]; then
+    local revision
+    revision=$(ns_exec "$cp_ns" curl -sf http://127.0.0.1:2379/v3/kv/range -d '{"key":"AA=="}' |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])')
+    ns_exec "$cp_ns" curl -sf http://127.0.0.1:2379/v3/kv/compaction -d "{\"revision\":\"$revision\",\"physical\":true}" >/dev/null
+    log "etcd compacted at revision $revision"
+  fi
+  start_apiserver "$dir" "$BIN"
+}
+
 up() {
   local dir=$1
   mkdir -p "$dir"
@@ -107,24 +171,8 @@ up() {
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380
   wait_for "etcd" 30 ns_exec "$cp_ns" curl -sf http://127.0.0.1:2379/health
-  start "$dir" "$cp_ns" kube-apiserver "$bin/kube-apiserver" \
-    --etcd-servers http://127.0.0.1:2379 \
-    --bind-address "$cp_ip" --advertise-address "$cp_ip" --secure-port 6443 \
-    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-    --client-ca-file "$pki/ca.crt" --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode RBAC \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --service-cluster-ip-range "$service_cidr"
-  wait_for "kube-apiserver /readyz" 90 ns_exec "$cp_ns" \
-    curl -sf --cacert "$pki/ca.crt" -H "Authorization: Bearer $admin_token" "https://$cp_ip:6443/readyz"
-  start "$dir" "$cp_ns" kube-controller-manager "$bin/kube-controller-manager" \
-    --kubeconfig "$dir/admin.kubeconfig" \
-    --controllers endpointslice,endpointslicemirroring,namespace,serviceaccount,serviceaccount-token,garbagecollector \
-    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --leader-elect=false --bind-address 127.0.0.1 --secure-port 10257 \
-    --authentication-skip-lookup
-  wait_for "kube-controller-manager /healthz" 60 ns_exec "$cp_ns" curl -skf https://127.0.0.1:10257/healthz
+  start_apiserver "$dir" "$bin"
+  start_controllers "$dir" "$bin"
   cat >"$dir/env" <<EOF
 APISERVER=https://$cp_ip:6443
 APISERVER_IP=$cp_ip
@@ -291,6 +339,9 @@ pod-ready) with_env "$2"; pod_ready "$3" "$4" "$5" ;;       # DIR NAMESPACE POD 
 kubectl) with_env "$2"; shift 2; kubectl "$@" ;;            # DIR ARGS… (stdin passes)
 deploy) with_env "$2"; deploy_manifests ;;                  # DIR
 # DIR NETNS NODE_NAME [ARGS…]: kube-nft in the foreground, as the DaemonSet runs it.
+restart-apiserver) with_env "$2"; restart_apiserver "$2" "${3:-}" ;;  # DIR [compact]
+stop-controllers) with_env "$2"; stop "$2" kube-controller-manager ;;  # DIR
+start-controllers) with_env "$2"; start_controllers "$2" "$BIN" ;;     # DIR
 daemonset) with_env "$2"; dir=$2 node=$3 name=$4; shift 4; daemonset_run "$dir" "$node" "$name" "$@" ;;
 *)
   echo "usage: cluster.sh up DIR | down DIR | smoke | join|node|pod-ready|kubectl|deploy|daemonset DIR …" >&2

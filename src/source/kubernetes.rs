@@ -129,11 +129,21 @@ async fn forward<K: Send + 'static, T: From<Update>>(
     let events = events.default_backoff();
     futures_util::pin_mut!(events);
     let mut failing = false;
+    let mut listed = false;
     while let Some(event) = events.next().await {
         // A list goes out object by object as its pages arrive: converted and
         // dropped by the store at once, never held whole.
         let delta = match event {
-            Ok(Event::Init) => Delta::ListStarted,
+            Ok(Event::Init) => {
+                if listed {
+                    // What a relist costs is told by the sync that follows, if any.
+                    tracing::info!(
+                        "relisting {kind}: the watch could not resume from where it was (410 Gone)"
+                    );
+                }
+                listed = true;
+                Delta::ListStarted
+            }
             Ok(Event::InitApply(obj)) => Delta::Listing(Box::new(obj)),
             Ok(Event::InitDone) => Delta::Listed,
             Ok(Event::Apply(obj)) => Delta::Applied(Box::new(obj)),
