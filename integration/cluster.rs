@@ -302,3 +302,82 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
     let t = tally(c.client(), &vip, 20, false);
     assert!(t.errors.is_empty() && t.answers.len() == 2, "{t:?}");
 }
+
+/// Scenarios 2 and 3 of issue #17 on one node: a LoadBalancer Service (no load
+/// balancer answers it here; the API server gives it a health-check NodePort
+/// only with that type) with `externalTrafficPolicy: Local`, its NodePort and
+/// health-check NodePort allocated by the API server. From outside, the NodePort on the node's
+/// InternalIP reaches both (local) pods, and the health check reports them;
+/// scaled to zero, the health check says 503 and the NodePort refuses.
+#[test]
+fn with_a_real_control_plane_a_local_node_port_and_its_health_check_serve_from_outside() {
+    let s = Serving::new("kcn", "kc4");
+    let (c, cp) = (&s.c, &s.cp);
+    cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: np, namespace: default}\nspec: {type: LoadBalancer, externalTrafficPolicy: Local, selector: {app: web}, ports: [{name: http, port: 80, targetPort: 9376}]}\n",
+    );
+    let node_port = cp.kubectl(&[
+        "get",
+        "service",
+        "np",
+        "-o",
+        "jsonpath={.spec.ports[0].nodePort}",
+    ]);
+    let health = cp.kubectl(&[
+        "get",
+        "service",
+        "np",
+        "-o",
+        "jsonpath={.spec.healthCheckNodePort}",
+    ]);
+    let (target, health) = (
+        format!("10.100.0.11:{node_port}"),
+        format!("10.100.0.11:{health}"),
+    );
+    let _kube_nft = s.daemonset("kube-nft.log");
+
+    wait_until(Duration::from_secs(30), "the NodePort to answer", || {
+        answers(c.client(), &target)
+    });
+    let t = tally(c.client(), &target, 30, false);
+    assert!(t.errors.is_empty(), "{t:?}");
+    assert_eq!(t.answers.len(), 2, "both local pods: {t:?}");
+    let mut body = String::new();
+    wait_until(
+        Duration::from_secs(10),
+        "the health check to say 200",
+        || match http_status(c.client(), &health, "/") {
+            Some((200, b)) => {
+                body = b;
+                true
+            }
+            _ => false,
+        },
+    );
+    assert!(body.contains("\"localEndpoints\": 2"), "{body}");
+
+    cp.kubectl(&[
+        "delete",
+        "pod",
+        "web-a",
+        "web-b",
+        "--grace-period=0",
+        "--force",
+    ]);
+    wait_until(Duration::from_secs(30), "the health check to fail", || {
+        http_status(c.client(), &health, "/").is_some_and(|(code, _)| code == 503)
+    });
+    let mut last = None;
+    let refused = (0..30).any(|_| {
+        last = connect_error(c.client(), &target, Duration::from_secs(1)).0;
+        std::thread::sleep(Duration::from_millis(500));
+        last == Some(std::io::ErrorKind::ConnectionRefused)
+    });
+    assert!(
+        refused,
+        "the NodePort never refused; last: {last:?}\n{}\n{}\n{}",
+        nft_list(c.node()),
+        cp.kubectl(&["get", "endpointslices", "-o", "yaml"]),
+        std::fs::read_to_string(c.scratch.0.join("kube-nft.log")).unwrap_or_default()
+    );
+}

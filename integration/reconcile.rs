@@ -217,6 +217,20 @@ fn check_partial_syncs(tag: &str, config: NodeConfig) {
                     })
                 }),
             ),
+            (
+                "a NodePort with a Local policy (external-, svc- and local- chains)",
+                Box::new(|p| {
+                    p.update(&service_key(9), |s| {
+                        let svc = s.services.get_mut(&service_key(9)).unwrap();
+                        svc.external_policy_local = true;
+                        svc.ports[0].node_port = Some(30009);
+                    })
+                }),
+            ),
+            (
+                "it loses every endpoint (chains that jump to each other go together)",
+                Box::new(|p| p.update(&service_key(9), |s| set_bench_endpoints(s, 9, &[]))),
+            ),
         ];
         for (what, step) in steps {
             step(p);

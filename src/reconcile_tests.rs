@@ -118,6 +118,20 @@ fn check_partial_syncs(config: NodeConfig) {
             affinity(Some(60)),
         ),
         ("session affinity turned off", affinity(None)),
+        (
+            "a NodePort with a Local policy (external-, svc- and local- chains)",
+            Box::new(|p| {
+                p.update(&service_key(9), |s| {
+                    let svc = s.services.get_mut(&service_key(9)).unwrap();
+                    svc.external_policy_local = true;
+                    svc.ports[0].node_port = Some(30009);
+                })
+            }),
+        ),
+        (
+            "it loses every endpoint (chains that jump to each other go together)",
+            endpoints(9, &[]),
+        ),
     ];
     for (what, step) in steps {
         step(p);

@@ -59,6 +59,10 @@ enum Phase {
     Rules,
     DeleteElements,
     AddElements,
+    /// Every chain that goes is emptied before any is deleted: one may jump to
+    /// another (a Service's `external-` chain to its `svc-` chain), and the
+    /// kernel refuses to delete a chain a rule still names.
+    FlushChains,
     /// After the elements that point at them.
     DeleteChains,
     /// After the rules and chains that refer to them.
@@ -165,8 +169,10 @@ impl Plan {
     }
 
     pub fn delete_chain(&mut self, table: TableId, chain: &str) {
-        if let Some(b) = self.part(Phase::DeleteChains, table) {
+        if let Some(b) = self.part(Phase::FlushChains, table) {
             b.flush_chain(table.family, table.name(), chain);
+        }
+        if let Some(b) = self.part(Phase::DeleteChains, table) {
             b.delete_chain(table.family, table.name(), chain);
         }
     }
