@@ -604,17 +604,23 @@ fn counters_count_every_packet_both_ways_and_top_ranks_the_ports() {
 
 /// `kube-nft explain` in the node namespace, with the flags the sync used: the
 /// end of each path it predicts (`endpoint A:P[, masqueraded]`, `rejected: …`,
-/// `dropped: …`), and its whole output.
+/// `dropped: …`), and its whole output. Asked twice, of the same node: from the
+/// manifests, and from the ruleset the node's kernel holds (no `--manifests`);
+/// both must say the same.
 fn explain(c: &Cluster, src: &str, dst: &str) -> (Vec<String>, String) {
     let manifests = c.scratch.0.join("manifests.yaml");
     let mut args = proxy_command("explain", &manifests);
     args.extend(["--node-name", NODE, src, dst]);
-    let out = kube_nft_in(c.node(), &args);
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = explain_output(c, &args);
+    let from_kernel = explain_output(c, &["explain", src, dst]);
+    let without_notes: String = text
+        .lines()
+        .filter(|l| !l.starts_with("note: "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        from_kernel, without_notes,
+        "from the kernel, and from the manifests"
     );
     // Path lines: "<share>%  <end>".
     let ends = text
@@ -624,6 +630,17 @@ fn explain(c: &Cluster, src: &str, dst: &str) -> (Vec<String>, String) {
         .map(|(_, end)| end.to_string())
         .collect();
     (ends, text)
+}
+
+fn explain_output(c: &Cluster, args: &[&str]) -> String {
+    let out = kube_nft_in(c.node(), args);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 /// The one end explain predicts for a packet from the outside client, and the
@@ -827,5 +844,52 @@ fn explain_names_the_missing_node_when_nodeports_have_no_address() {
     assert!(
         text.contains("note: NodePorts are served on no address") && text.contains("\"node-a\""),
         "{text}"
+    );
+}
+
+/// `explain` without `--manifests` reads this namespace's kernel: it says so
+/// when kube-nft has programmed nothing here, and names a rule someone added to
+/// our tables rather than guessing what it does.
+#[test]
+fn explain_from_the_kernel_refuses_what_kube_nft_did_not_write() {
+    require_root();
+    let ns = kube_nft::netns::Netns::create(&unique("xkern")).unwrap();
+    let ask = || kube_nft_in(&ns.name, &["explain", "10.0.0.5", "10.0.1.175:80/tcp"]);
+    let out = ask();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no kube-nft tables"), "{err}");
+
+    let scratch = Scratch::new("xkern");
+    let manifests = scratch.write("hostnames.yaml", kube_nft::lab::DEFAULT_MANIFESTS);
+    let out = kube_nft_in(
+        &ns.name,
+        &["run", "--once", "--manifests", manifests.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = ask();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches("endpoint 10.244.0.").count(), 3, "{text}");
+
+    let status = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns.name, "nft", "insert", "rule", "ip", "kube-nft",
+        ])
+        .args(["services", "meta", "mark", "0x1", "log"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = ask();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("table ip kube-nft: chain services, rule (handle")
+            && err.contains("not written by kube-nft"),
+        "{err}"
     );
 }

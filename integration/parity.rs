@@ -314,6 +314,30 @@ fn check_parity(tag: &str, config: NodeConfig) {
         "the kernel objects nft -f created differ from our lowering: {}",
         first_difference.unwrap_or_default()
     );
+
+    // What either wrote lifts back to exactly the desired ruleset (what
+    // `explain` walks on a live node).
+    for ns in [&by_text.name, &by_netlink.name] {
+        let lifted = in_netns(ns, || {
+            kernel::read_ruleset(&mut NftSocket::open().unwrap()).map_err(|e| e.to_string())
+        })
+        .unwrap()
+        .unwrap_or_else(|e| panic!("lifting {ns}: {e}"));
+        assert_eq!(sorted(lifted), sorted(rs.clone()), "lifted from {ns}");
+    }
+}
+
+/// Tables by id and set elements by key: the kernel keeps its own order.
+fn sorted(mut rs: Ruleset) -> Ruleset {
+    rs.tables.sort_by_key(|t| t.id());
+    for t in &mut rs.tables {
+        for s in &mut t.sets {
+            s.elements.sort_by_key(|e| format!("{:?}", e.key));
+        }
+        t.sets.sort_by(|a, b| a.name.cmp(&b.name));
+        t.chains.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    rs
 }
 
 #[test]

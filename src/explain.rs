@@ -153,9 +153,11 @@ pub fn explain(ruleset: &Ruleset, packet: &Packet, local: &[IpAddr]) -> Explanat
             }
         }
     }
+    // Shares are products of numgen's odds: equal ones differ in the last bits.
+    let rounded = |p: &Path| (p.share * 1e9).round();
     paths.sort_by(|a, b| {
-        b.share
-            .total_cmp(&a.share)
+        rounded(b)
+            .total_cmp(&rounded(a))
             .then_with(|| a.end.to_string().cmp(&b.end.to_string()))
     });
     Explanation {

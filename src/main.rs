@@ -35,9 +35,10 @@ enum Command {
         #[command(flatten)]
         proxy: ProxyArgs,
     },
-    /// Explain, from the ruleset `run` would program, what happens to the first
-    /// packet of a new connection: the rules it meets, the Service, the endpoints
-    /// and their shares, or why it is dropped or rejected.
+    /// Explain what happens to the first packet of a new connection: the rules it
+    /// meets, the Service, the endpoints and their shares, or why it is dropped or
+    /// rejected. Walks the ruleset kube-nft has programmed in this network
+    /// namespace, or with `--manifests` the one `run` would program from them.
     Explain {
         #[command(flatten)]
         proxy: ProxyArgs,
@@ -332,7 +333,8 @@ impl RunArgs {
 #[derive(Args)]
 struct ProxyArgs {
     /// Manifest files or directories (YAML or JSON; multi-document; `kind: List`).
-    #[arg(long, num_args = 1.., required = true)]
+    /// Required by `render`; `explain` without them reads this node's kernel.
+    #[arg(long, num_args = 1..)]
     manifests: Vec<PathBuf>,
     /// This node's name, to pick its Node object.
     #[arg(long, visible_alias = "hostname-override")]
@@ -387,6 +389,9 @@ impl ProxyArgs {
     /// Loads and translates; a manifest that cannot be read at all is an error,
     /// a malformed object in one is logged and skipped.
     fn desired(&self, config: &NodeConfig) -> Result<kube_nft::nft::translate::Ruleset, String> {
+        if self.manifests.is_empty() {
+            return Err("render needs --manifests PATH…".into());
+        }
         let loaded = files::load(&self.manifests).map_err(|e| format!("manifest {e}"))?;
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
@@ -540,18 +545,30 @@ fn packet_after_manifests(
             }
         }
     }
-    Err("explain needs a packet: SRC DST:PORT/PROTO, e.g. `kube-nft explain --manifests app.yaml 10.0.0.5 10.96.0.10:80/tcp`".into())
+    Err("explain needs a packet: SRC DST:PORT/PROTO, e.g. `kube-nft explain 10.0.0.5 10.96.0.10:80/tcp` (this node's kernel) or `kube-nft explain --manifests app.yaml 10.0.0.5 10.96.0.10:80/tcp`".into())
 }
 
 fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, String> {
     use kube_nft::explain;
     let packet: explain::Packet = format!("{src} {dst}").parse()?;
+    let local = kube_nft::netlink::route::local_addresses()
+        .map_err(|e| format!("reading this node's addresses: {e}"))?;
+    if proxy.manifests.is_empty() {
+        let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
+        let ruleset = kube_nft::nft::kernel::read_ruleset(&mut sock).map_err(|e| e.to_string())?;
+        if ruleset.tables.is_empty() {
+            return Err("no kube-nft tables in this network namespace: is kube-nft running here? (or explain --manifests PATH… what it would program)".into());
+        }
+        print!(
+            "{}",
+            explain::render(&explain::explain(&ruleset, &packet, &local))
+        );
+        return Ok(true);
+    }
     let config = proxy.config_here()?;
     let loaded = files::load(&proxy.manifests).map_err(|e| format!("manifest {e}"))?;
     let (ruleset, validated) =
         kube_nft::nft::translate::desired(&loaded.objects, proxy.node_name.as_deref(), &config);
-    let local = kube_nft::netlink::route::local_addresses()
-        .map_err(|e| format!("reading this node's addresses: {e}"))?;
     let e = explain::explain(&ruleset, &packet, &local);
     print!("{}", explain::render(&e));
     if let Some(why) = config.nodeports_unserved(&validated.state) {

@@ -115,6 +115,58 @@ pub fn cleanup(sock: &mut NftSocket) -> Result<Committed, NftError> {
     sock.commit(delete_tables(all_tables()))
 }
 
+/// Our tables as the kernel holds them now, lifted back into ruleset objects
+/// (what `explain` walks on a live node): one walk per family, main tables
+/// first. An object `lower` could not have written is an error naming it.
+pub fn read_ruleset(sock: &mut NftSocket) -> Result<Ruleset, ReadError> {
+    let mut tables = Vec::new();
+    for family in Family::ALL {
+        let read = sock.walk_tables(family, None, |header| {
+            TableId::named(family, &header.name).map(|_| KernelTable {
+                family,
+                name: header.name.clone(),
+                userdata: None,
+                counters: Vec::new(),
+                sets: Vec::new(),
+                chains: Vec::new(),
+            })
+        })?;
+        let mut read: Vec<KernelTable> = read.into_values().collect();
+        read.sort_by_key(KernelTable::id);
+        for k in &read {
+            tables.push(crate::nft::lift::lift_table(k)?);
+        }
+    }
+    Ok(Ruleset { tables })
+}
+
+#[derive(Debug)]
+pub enum ReadError {
+    Nft(NftError),
+    Lift(crate::nft::lift::LiftError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Nft(e) => write!(f, "reading our tables: {e}"),
+            ReadError::Lift(e) => write!(f, "{e}: not written by kube-nft (edited by hand?)"),
+        }
+    }
+}
+
+impl From<NftError> for ReadError {
+    fn from(e: NftError) -> Self {
+        ReadError::Nft(e)
+    }
+}
+
+impl From<crate::nft::lift::LiftError> for ReadError {
+    fn from(e: crate::nft::lift::LiftError) -> Self {
+        ReadError::Lift(e)
+    }
+}
+
 /// Reads our tables back and says whether the kernel holds exactly `ruleset`.
 pub fn kernel_matches(kernel: &mut dyn NftKernel, ruleset: &Ruleset) -> Result<bool, NftError> {
     for want in lowered(ruleset) {

@@ -1,6 +1,6 @@
 //! The nftables dataplane: `translate` (with `names`, `skeleton`, `service`,
 //! `slots` and the IPVS flavour in `ipvs_helper`) computes the desired tables
-//! from the model; `lower` turns them into kernel objects; `view` is the compact
+//! from the model; `lower` turns them into kernel objects (and `lift` back); `view` is the compact
 //! picture of what the kernel holds; `planner` decides, without I/O, the `plan`
 //! (the transaction) between the two; `dataplane` reads, plans and commits
 //! through a `kernel::NftKernel`.
@@ -9,6 +9,7 @@ pub mod dataplane;
 pub mod fake;
 pub mod ipvs_helper;
 pub mod kernel;
+pub mod lift;
 pub mod lower;
 pub mod names;
 pub mod plan;
