@@ -1,5 +1,16 @@
 //! kube-nft against an API server: the recorded answers of a real kube-apiserver
 //! served on the node's loopback, real namespaces, real packets.
+//!
+//! The real control plane (`cluster.rs`) covers what a real API server does
+//! when asked. This server stays for what a real one cannot be made to do on
+//! demand, and these tests are those cases:
+//! - drop every open watch at a chosen moment, with nothing else changing;
+//! - answer a resumed watch with 410 Gone without a compaction (and so without
+//!   a restart that rewrites the `kubernetes` Service's endpoints);
+//! - stay down, every connection refused, for exactly as long as a test wants,
+//!   and be absent from the start (`before_the_first_list_…`);
+//! - replay objects exactly as recorded, including the ones a real server would
+//!   have rewritten since (`the_recorded_objects_convert_as_expected`).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! kube-nft against a real Kubernetes control plane (issue #17, first part):
+//! kube-nft against a real Kubernetes control plane (issue #17):
 //! etcd, kube-apiserver and kube-controller-manager v1.36 in network namespaces
 //! (`integration/k8s/cluster.sh`), with kube-nft run as the DaemonSet runs it
 //! (deploy/'s ConfigMap, its ServiceAccount's token, RBAC). The harness plays the
@@ -379,5 +379,244 @@ fn with_a_real_control_plane_a_local_node_port_and_its_health_check_serve_from_o
         nft_list(c.node()),
         cp.kubectl(&["get", "endpointslices", "-o", "yaml"]),
         std::fs::read_to_string(c.scratch.0.join("kube-nft.log")).unwrap_or_default()
+    );
+}
+
+/// Two node namespaces on one control plane: node-a (10.100.0.11, pods in
+/// 10.244.0.0/24) and node-b (10.100.0.12, pods in 10.244.1.0/24), each routing
+/// the other's pod CIDR through it, both registered, deploy/ applied. Each node
+/// has its own outside client behind it; the control plane's namespace is an
+/// outside host on the nodes' own network.
+struct TwoNodes {
+    // Dropped in this order: the control plane before the namespaces it joined.
+    cp: ControlPlane,
+    a: Cluster,
+    b: Cluster,
+}
+
+const NODE_A: &str = "10.100.0.11";
+const NODE_B: &str = "10.100.0.12";
+
+impl TwoNodes {
+    fn new(
+        tag: &str,
+        prefix: &str,
+        pods_a: &[(&str, &[&str])],
+        pods_b: &[(&str, &[&str])],
+    ) -> TwoNodes {
+        let a = Cluster::new(&format!("{tag}a"), pods_a, &[9376]);
+        let b = Cluster::new(&format!("{tag}b"), pods_b, &[9376]);
+        let cp = ControlPlane::up(prefix);
+        for (node, ip, cidr, other_ip, other_cidr, name) in [
+            (
+                a.node(),
+                NODE_A,
+                "10.244.0.0/24",
+                NODE_B,
+                "10.244.1.0/24",
+                "node-a",
+            ),
+            (
+                b.node(),
+                NODE_B,
+                "10.244.1.0/24",
+                NODE_A,
+                "10.244.0.0/24",
+                "node-b",
+            ),
+        ] {
+            cp.run("join", &[node, ip]);
+            exec_in(node, &["ip", "route", "add", other_cidr, "via", other_ip]);
+            cp.run("node", &[name, ip, cidr]);
+        }
+        cp.run("deploy", &[]);
+        TwoNodes { cp, a, b }
+    }
+
+    /// A Pod of `app` on `node`, reported running and Ready at `ip` as its
+    /// kubelet would (its server is already listening there).
+    fn pod(&self, name: &str, node: &str, ip: &str) {
+        self.cp.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: {node}, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
+        ));
+        self.cp.run("pod-ready", &["default", name, ip]);
+    }
+
+    /// The addresses the EndpointSlice controller reports for Service `web`, with
+    /// their conditions: (address, ready, terminating).
+    fn endpoints(&self) -> Vec<(String, bool, bool)> {
+        let out = self.cp.kubectl(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready} {.conditions.terminating}{\"\\n\"}{end}",
+        ]);
+        let mut v: Vec<(String, bool, bool)> = out
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(' ');
+                Some((
+                    f.next()?.to_string(),
+                    f.next()? == "true",
+                    f.next()? == "true",
+                ))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Whether either node's ruleset still sends anything to `ip`:9376.
+    fn programmed(&self, ip: &str) -> bool {
+        [self.a.node(), self.b.node()].iter().any(|n| {
+            let l = nft_list(n);
+            l.contains(&format!("{ip} . 9376")) || l.contains(&format!("{ip}:9376"))
+        })
+    }
+}
+
+/// New connections, one after another, from `ns` to `target` until `stop`:
+/// every answer by pod name, and every failure.
+fn load(
+    ns: &str,
+    target: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Tally> {
+    let (ns, target) = (ns.to_string(), target.to_string());
+    std::thread::spawn(move || {
+        let mut all = Tally::default();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let t = tally(&ns, &target, 10, false);
+            for (k, v) in t.answers {
+                *all.answers.entry(k).or_default() += v;
+            }
+            all.errors.extend(t.errors);
+        }
+        all
+    })
+}
+
+/// Scenarios 1, 2 and 4 of issue #17 on two nodes, each running kube-nft as the
+/// DaemonSet runs it: a ClusterIP from pods on both nodes and a NodePort from
+/// outside to each node reach the pods of both; then a rolling replacement of
+/// both pods (a new pod Ready, the old one deleted gracefully: the real
+/// EndpointSlice controller marks it terminating, and only once kube-nft has
+/// taken it out of both nodes' rules does its server stop, as a pod whose
+/// preStop hook waits would) fails no request from outside clients of either node.
+#[test]
+fn with_a_real_control_plane_two_nodes_serve_each_other_and_a_rolling_replacement_fails_no_request()
+{
+    let mut n = TwoNodes::new(
+        "kc2n",
+        "kc5",
+        &[("web-a", &["10.244.0.11"]), ("web-c", &["10.244.0.12"])],
+        &[("web-b", &["10.244.1.11"]), ("web-d", &["10.244.1.12"])],
+    );
+    n.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {type: NodePort, selector: {app: web}, ports: [{name: http, port: 80, targetPort: 9376}]}\n",
+    );
+    n.pod("web-a", "node-a", "10.244.0.11");
+    n.pod("web-b", "node-b", "10.244.1.11");
+    let vip = format!("{}:80", n.cp.cluster_ip("web"));
+    let node_port = n.cp.kubectl(&[
+        "get",
+        "service",
+        "web",
+        "-o",
+        "jsonpath={.spec.ports[0].nodePort}",
+    ]);
+    let _kube_nft_a =
+        n.cp.daemonset(n.a.node(), "node-a", n.a.scratch.0.join("kube-nft.log"));
+    let _kube_nft_b =
+        n.cp.daemonset(n.b.node(), "node-b", n.b.scratch.0.join("kube-nft.log"));
+
+    // 1: the ClusterIP from a pod on each node reaches the pods of both.
+    for (c, pod) in [(&n.a, "web-a"), (&n.b, "web-b")] {
+        let ns = c.pod_ns(pod);
+        wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
+            answers(&ns, &vip)
+        });
+        let t = tally(&ns, &vip, 30, false);
+        assert!(t.errors.is_empty(), "from {pod}: {t:?}");
+        assert_eq!(t.answers.len(), 2, "from {pod}, both nodes' pods: {t:?}");
+    }
+    // 2: the NodePort of each node, from an outside host on the nodes' network.
+    let cp_ns = format!("{}-cp", n.cp.prefix);
+    for node_ip in [NODE_A, NODE_B] {
+        let target = format!("{node_ip}:{node_port}");
+        wait_until(Duration::from_secs(30), "the NodePort to answer", || {
+            answers(&cp_ns, &target)
+        });
+        let t = tally(&cp_ns, &target, 30, false);
+        assert!(t.errors.is_empty(), "NodePort {target}: {t:?}");
+        assert_eq!(
+            t.answers.len(),
+            2,
+            "NodePort {target}, both nodes' pods: {t:?}"
+        );
+    }
+
+    // 4: a rolling replacement under load from an outside client of each node.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loads = [
+        load(n.a.client(), &vip, stop.clone()),
+        load(n.b.client(), &vip, stop.clone()),
+    ];
+    for (old, old_ip, new, new_ip, node) in [
+        ("web-a", "10.244.0.11", "web-c", "10.244.0.12", "node-a"),
+        ("web-b", "10.244.1.11", "web-d", "10.244.1.12", "node-b"),
+    ] {
+        n.pod(new, node, new_ip);
+        wait_until(
+            Duration::from_secs(30),
+            "the new pod to be an endpoint",
+            || {
+                n.endpoints()
+                    .iter()
+                    .any(|(ip, ready, _)| ip == new_ip && *ready)
+            },
+        );
+        n.cp.kubectl(&["delete", "pod", old, "--wait=false"]);
+        wait_until(
+            Duration::from_secs(30),
+            "the old pod to be terminating",
+            || {
+                n.endpoints()
+                    .iter()
+                    .any(|(ip, ready, terminating)| ip == old_ip && !ready && *terminating)
+            },
+        );
+        wait_until(
+            Duration::from_secs(30),
+            "both nodes to stop sending to the old pod",
+            || !n.programmed(old_ip),
+        );
+        // The old pod's server stops; no new connection may reach it now.
+        let c = if node == "node-a" { &mut n.a } else { &mut n.b };
+        let pos = c.topo.pods.iter().position(|p| p.name == old).unwrap();
+        drop(c.servers.remove(pos));
+        std::thread::sleep(Duration::from_secs(2));
+        n.cp.kubectl(&["delete", "pod", old, "--grace-period=0", "--force"]);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (l, client) in loads.into_iter().zip(["node-a's", "node-b's"]) {
+        let t = l.join().unwrap();
+        assert!(t.errors.is_empty(), "{client} outside client: {t:?}");
+        for pod in ["web-a", "web-b", "web-c", "web-d"] {
+            assert!(
+                t.answers.contains_key(pod),
+                "{client} client never reached {pod}: {t:?}"
+            );
+        }
+    }
+    assert_eq!(
+        n.endpoints(),
+        vec![
+            ("10.244.0.12".into(), true, false),
+            ("10.244.1.12".into(), true, false)
+        ]
     );
 }
