@@ -86,6 +86,10 @@ enum Command {
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
     Bench(BenchArgs),
+    /// kube-nft against real kube-proxy (nftables and iptables modes), each in
+    /// turn, on this network namespace as a node of a real control plane
+    /// (integration/k8s/bench.sh sets it up and runs this).
+    BenchKubeProxy(VersusArgs),
     /// One full sync of a synthetic cluster in a fresh process (used by `bench`).
     #[command(hide = true)]
     BenchChild {
@@ -151,6 +155,43 @@ struct BenchArgs {
     /// Services fed through the loopback API server to `kube-nft run` (10 endpoints each).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     api_sizes: Vec<usize>,
+}
+
+#[derive(Args)]
+struct VersusArgs {
+    /// The kubeconfig both proxies use (an admin's: the benchmark also writes
+    /// the Services and EndpointSlices).
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// The kube-proxy binary.
+    #[arg(long)]
+    kube_proxy: PathBuf,
+    /// This node's Node name, registered with its address.
+    #[arg(long)]
+    node_name: String,
+    /// This node's address: the probe's endpoint listens there, and /healthz.
+    #[arg(long)]
+    node_ip: std::net::Ipv4Addr,
+    /// Cluster sizes in Services (10 endpoints each), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    sizes: Vec<usize>,
+    /// Endpoint changes, Service deletions and restarts per contender; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Which to run, comma-separated: kube-nft, nftables, iptables (kube-proxy's modes).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-nft,nftables,iptables"
+    )]
+    contenders: Vec<String>,
+    /// Seconds a contender may take from its start to traffic through the probe's
+    /// VIP (kube-proxy's iptables mode over iptables-nft takes minutes at 10k).
+    #[arg(long, default_value_t = 1800)]
+    start_limit: u64,
+    /// Where each process's log goes.
+    #[arg(long, default_value = "/var/tmp/kube-nft-bench-kube-proxy")]
+    logs: PathBuf,
 }
 
 /// kube-proxy's logging flags, so that a DaemonSet's args carry over.
@@ -474,6 +515,7 @@ fn main() -> ExitCode {
         })
         .map_err(|e| e.to_string()),
         Command::Bench(args) => bench(args).map(|_| true),
+        Command::BenchKubeProxy(args) => bench_kube_proxy(&args),
         Command::BenchChild {
             netns,
             services,
@@ -602,6 +644,33 @@ fn serve(netns: Option<&str>, name: &str, ports: &[u16]) -> Result<(), String> {
     println!("ready");
     server.wait();
     Ok(())
+}
+
+fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
+    use kube_nft::bench::versus::{self, Contender};
+    let contenders = args
+        .contenders
+        .iter()
+        .map(|n| {
+            Contender::named(n)
+                .ok_or_else(|| format!("{n:?} is not kube-nft, nftables or iptables"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.sizes.contains(&0) || args.runs == 0 {
+        return Err("sizes and runs must be at least 1".into());
+    }
+    versus::versus(&versus::VersusOptions {
+        kubeconfig: args.kubeconfig.clone(),
+        kube_proxy: args.kube_proxy.clone(),
+        node_name: args.node_name.clone(),
+        node_ip: args.node_ip,
+        sizes: args.sizes.clone(),
+        runs: args.runs,
+        contenders,
+        start_limit: Duration::from_secs(args.start_limit),
+        logs: args.logs.clone(),
+    })?;
+    Ok(true)
 }
 
 fn parse_size(s: &str) -> Result<(usize, usize), String> {

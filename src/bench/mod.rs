@@ -12,6 +12,7 @@ pub mod apiserver;
 pub mod dataplane;
 pub mod operator;
 pub mod plot;
+pub mod versus;
 
 use crate::core::model::{
     ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,

@@ -28,7 +28,7 @@ pub struct Connection {
 
 /// The client config: `--kubeconfig` (with `--master` overriding its server), else
 /// `--master` alone, else in-cluster or `$KUBECONFIG` as kubectl finds them.
-async fn client_config(conn: &Connection) -> Result<Config, String> {
+pub(crate) async fn client_config(conn: &Connection) -> Result<Config, String> {
     let master = conn
         .master
         .as_deref()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# kube-nft against real kube-proxy, in one run (issue #17): a real control plane
+# (cluster.sh), one node namespace joined to it and registered as node-a, then
+# `kube-nft bench-kube-proxy` in that namespace, which runs kube-nft, kube-proxy
+# in nftables mode and kube-proxy in iptables mode in turn against the same API
+# server and prints a table per size. Arguments go to bench-kube-proxy, e.g.
+#
+#   integration/k8s/bench.sh --sizes 1000,10000 --runs 5
+#
+# KUBE_NFT_BIN names the kube-nft binary (default: the release build, which
+# this script builds when it is missing). Nothing is left behind.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export KUBE_NFT_CLUSTER_PREFIX=${KUBE_NFT_CLUSTER_PREFIX:-kb}
+prefix=$KUBE_NFT_CLUSTER_PREFIX
+kube_nft=${KUBE_NFT_BIN:-$here/../../target/release/kube-nft}
+if [ -z "${KUBE_NFT_BIN:-}" ]; then
+  (cd "$here/../.." && cargo build --release)
+fi
+export KUBE_NFT_BIN=$kube_nft
+dir=$(mktemp -d /var/tmp/kube-nft-bench-cluster.XXXXXX)
+trap '"$here/cluster.sh" down "$dir"; rm -rf "$dir"' EXIT
+"$here/cluster.sh" up "$dir"
+# shellcheck disable=SC1091
+source "$dir/env"
+node=${prefix}-node-a
+ip netns add "$node"
+"$here/cluster.sh" join "$dir" "$node" 10.100.0.11
+# Service addresses route off the node, as on a real one: before a proxy's rules
+# are in, a connection to a VIP leaves and is dropped upstream.
+ip netns exec "$node" ip route add default via 10.100.0.1
+"$here/cluster.sh" node "$dir" node-a 10.100.0.11 10.128.0.0/24
+echo "bench: kube-proxy $("$BIN/kube-proxy" --version | sed 's/^Kubernetes //'), kube-nft $("$kube_nft" --version 2>/dev/null || echo '?'), nft $(nft --version | awk '{print $2}'), $(iptables --version)" >&2
+ip netns exec "$node" "$kube_nft" bench-kube-proxy --kubeconfig "$KUBECONFIG" \
+  --kube-proxy "$BIN/kube-proxy" --node-name node-a --node-ip 10.100.0.11 "$@"

@@ -1,0 +1,553 @@
+//! `kube-nft bench-kube-proxy`: kube-nft and real kube-proxy (nftables and
+//! iptables modes), each in turn on the same node namespace against the same
+//! kube-apiserver, at several cluster sizes (issue #17).
+//!
+//! Runs inside the node's network namespace (`integration/k8s/bench.sh` sets it
+//! up: a real control plane, the node joined to it, its Node registered). The
+//! cluster is N Services × 10 endpoints written through the API server: Services
+//! without selectors, and EndpointSlices as a controller would write them (the
+//! EndpointSlice controller would need 10 pods per Service, which this machine
+//! cannot hold at 10k). The last Service's one endpoint is a listener on the
+//! node, so that traffic through its VIP proves the rules are in.
+//!
+//! Per proxy and size:
+//! - start → first traffic: the process starts, then new connections to the
+//!   probe VIP every 10 ms until one is answered;
+//! - endpoint removed → kernel, Service deleted → kernel: from just before the API
+//!   request to the first nf_tables transaction the kernel reports (all three
+//!   write through nf_tables: iptables here is iptables-nft);
+//! - restart → healthy: SIGTERM, a new process, then `/healthz` on :10256 polled
+//!   every 10 ms until it says 200;
+//! - peak RSS of the process (VmHWM), before its restarts.
+
+use super::{endpoint_addr, median};
+use crate::netlink::monitor::Monitor;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::{json, Value};
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const NAMESPACE: &str = "bench";
+const ENDPOINTS: usize = 10;
+const PROBE_PORT: u16 = 8080;
+/// Endpoint changes and Service deletions are spaced by more than kube-proxy's
+/// default minimum sync period (1 s), so that none waits on the one before.
+const SPACING: Duration = Duration::from_millis(1500);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    KubeNft,
+    KubeProxyNftables,
+    KubeProxyIptables,
+}
+
+impl Contender {
+    pub const ALL: [Contender; 3] = [
+        Contender::KubeNft,
+        Contender::KubeProxyNftables,
+        Contender::KubeProxyIptables,
+    ];
+
+    pub fn named(name: &str) -> Option<Contender> {
+        Contender::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::KubeNft => "kube-nft",
+            Contender::KubeProxyNftables => "nftables",
+            Contender::KubeProxyIptables => "iptables",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Contender::KubeNft => "kube-nft",
+            Contender::KubeProxyNftables => "kube-proxy nftables",
+            Contender::KubeProxyIptables => "kube-proxy iptables",
+        }
+    }
+}
+
+pub struct VersusOptions {
+    pub kubeconfig: PathBuf,
+    pub kube_proxy: PathBuf,
+    pub node_name: String,
+    pub node_ip: Ipv4Addr,
+    pub sizes: Vec<usize>,
+    pub runs: usize,
+    pub contenders: Vec<Contender>,
+    /// How long a contender may take from its start to the probe's first answer.
+    pub start_limit: Duration,
+    /// Each process's log goes here.
+    pub logs: PathBuf,
+}
+
+/// The medians of one contender at one size.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    pub start_to_traffic: f64,
+    pub endpoint_to_kernel: f64,
+    pub delete_to_kernel: f64,
+    pub restart_to_healthy: f64,
+    pub peak_rss_mib: f64,
+}
+
+/// Prints a table per size as soon as it is measured.
+pub fn versus(opts: &VersusOptions) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = runtime.block_on(client(&opts.kubeconfig))?;
+    let listener = TcpListener::bind((opts.node_ip, PROBE_PORT))
+        .map_err(|e| format!("the probe's listener on {}: {e}", opts.node_ip))?;
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    std::fs::create_dir_all(&opts.logs).map_err(|e| e.to_string())?;
+    let mut made = 0;
+    for &size in &opts.sizes {
+        let t = Instant::now();
+        // The probe is the last Service; an earlier size's becomes an ordinary one.
+        runtime.block_on(async {
+            populate(&client, made, size, Some(size - 1), opts.node_ip).await?;
+            if made > 0 && made < size {
+                let slices = Api::namespaced(client.clone(), NAMESPACE);
+                set_endpoints(&slices, made - 1, &addresses(made - 1, false, opts.node_ip)).await?;
+            }
+            Ok::<(), String>(())
+        })?;
+        made = made.max(size);
+        eprintln!(
+            "bench-kube-proxy: {size} Services × {ENDPOINTS} endpoints in the API server ({:.0} s)",
+            t.elapsed().as_secs_f64()
+        );
+        let mut results = Vec::new();
+        for (k, &c) in opts.contenders.iter().enumerate() {
+            // Each contender changes and deletes Services of its own.
+            let first = k * 2 * opts.runs;
+            // A contender that fails (kube-proxy's iptables mode does not sync
+            // 10k Services over iptables-nft in minutes) is reported, not fatal.
+            let f = measure(opts, &runtime, &client, c, size, first);
+            eprintln!("bench-kube-proxy: {size}: {}: {f:?}", c.title());
+            results.push((c, f));
+        }
+        print!("{}", table(size, opts.runs, &results));
+    }
+    Ok(())
+}
+
+async fn client(kubeconfig: &std::path::Path) -> Result<Client, String> {
+    let conn = crate::source::kubernetes::Connection {
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        master: None,
+    };
+    let config = crate::source::kubernetes::client_config(&conn).await?;
+    Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Service `i`'s ClusterIP: from 10.96.1.0 on (10.96.0.1 is the API server's).
+fn vip(i: usize) -> IpAddr {
+    IpAddr::from((0x0a60_0100u32 + i as u32).to_be_bytes())
+}
+
+fn service_name(i: usize) -> String {
+    format!("svc-{i:05}")
+}
+
+/// Service `i`'s endpoints; the probe Service (the last) has one, on the node.
+fn addresses(i: usize, probe: bool, node_ip: Ipv4Addr) -> Vec<IpAddr> {
+    if probe {
+        return vec![IpAddr::V4(node_ip)];
+    }
+    (0..ENDPOINTS)
+        .map(|k| endpoint_addr(i * ENDPOINTS + k))
+        .collect()
+}
+
+fn slice_json(i: usize, addrs: &[IpAddr]) -> Value {
+    let service = service_name(i);
+    let endpoints: Vec<Value> = addrs
+        .iter()
+        .map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true, "serving": true, "terminating": false}}))
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-a"), "namespace": NAMESPACE,
+            "labels": {"kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "bench.kube-nft.io"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "protocol": "TCP", "port": PROBE_PORT}],
+        "endpoints": endpoints,
+    })
+}
+
+fn service_json(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service_name(i), "namespace": NAMESPACE},
+        "spec": {"clusterIP": vip(i).to_string(),
+            "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": PROBE_PORT}]},
+    })
+}
+
+/// Creates Services `from..to` and their slices (32 requests in flight), and the
+/// namespace; what exists already is kept.
+async fn populate(
+    client: &Client,
+    from: usize,
+    to: usize,
+    probe: Option<usize>,
+    node_ip: Ipv4Addr,
+) -> Result<(), String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
+        .map_err(|e| e.to_string())?;
+    exists_ok(namespaces.create(&PostParams::default(), &ns).await)?;
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
+    stream::iter(from..to)
+        .map(|i| {
+            let (services, slices) = (services.clone(), slices.clone());
+            async move {
+                let svc: Service =
+                    serde_json::from_value(service_json(i)).map_err(|e| e.to_string())?;
+                exists_ok(services.create(&PostParams::default(), &svc).await)?;
+                let addrs = addresses(i, Some(i) == probe, node_ip);
+                let slice: EndpointSlice =
+                    serde_json::from_value(slice_json(i, &addrs)).map_err(|e| e.to_string())?;
+                exists_ok(slices.create(&PostParams::default(), &slice).await)
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+fn exists_ok<T>(r: Result<T, kube::Error>) -> Result<(), String> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn set_endpoints(
+    slices: &Api<EndpointSlice>,
+    i: usize,
+    addrs: &[IpAddr],
+) -> Result<(), String> {
+    let name = format!("{}-a", service_name(i));
+    let patch = json!({"endpoints": slice_json(i, addrs)["endpoints"]});
+    slices
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("updating {name}: {e}"))
+}
+
+fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String> {
+    let kubeconfig = opts.kubeconfig.to_str().unwrap_or_default();
+    let common = [
+        "--kubeconfig",
+        kubeconfig,
+        "--hostname-override",
+        &opts.node_name,
+        "--cluster-cidr",
+        "10.128.0.0/9",
+    ];
+    let mut cmd = match c {
+        Contender::KubeNft => {
+            let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
+            cmd.arg("run").args(common);
+            cmd
+        }
+        Contender::KubeProxyNftables | Contender::KubeProxyIptables => {
+            let mut cmd = Command::new(&opts.kube_proxy);
+            // Conntrack sysctls are the host's, not the namespace's: leave them.
+            cmd.args(common)
+                .args(["--proxy-mode", c.name(), "--conntrack-max-per-core", "0"]);
+            cmd
+        }
+    };
+    let file = std::fs::File::create(opts.logs.join(log)).map_err(|e| e.to_string())?;
+    cmd.stdin(Stdio::null())
+        .stdout(file.try_clone().map_err(|e| e.to_string())?)
+        .stderr(file)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", c.title()))
+}
+
+/// A contender's process, stopped when dropped (also when a measurement fails).
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        stop(&mut self.0);
+    }
+}
+
+fn stop(child: &mut Child) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid");
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Removes every table (kube-proxy's, iptables-nft's, ours) and every flow, so
+/// that each contender starts on a bare node.
+fn bare_node() -> Result<(), String> {
+    for (program, args) in [
+        ("nft", &["flush", "ruleset"][..]),
+        ("conntrack", &["-F"][..]),
+    ] {
+        let out = Command::new(program)
+            .args(args)
+            .output()
+            .map_err(|e| format!("{program}: {e}"))?;
+        // conntrack -F says so on stderr, and fails when there is nothing to flush.
+        if !out.status.success() && program == "nft" {
+            return Err(format!(
+                "nft flush ruleset: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn peak_rss_mib(child: &Child) -> f64 {
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+fn measure(
+    opts: &VersusOptions,
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    c: Contender,
+    size: usize,
+    first: usize,
+) -> Result<Figures, String> {
+    bare_node()?;
+    let probe = SocketAddr::new(vip(size - 1), 80);
+    let healthz = SocketAddr::new(IpAddr::V4(opts.node_ip), 10256);
+    let tag = format!("{}-{size}", c.name());
+    let started = Instant::now();
+    let mut child = Running(start(opts, c, &format!("{tag}.log"))?);
+    let start_to_traffic = first_traffic(probe, started, opts.start_limit)
+        .map_err(|e| format!("{}: {e}", c.title()))?;
+    wait_healthy(healthz, Instant::now(), Duration::from_secs(120))?;
+    // Its first sync may be followed by another; let it settle.
+    std::thread::sleep(Duration::from_secs(3));
+
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut endpoint = Vec::new();
+    let mut delete = Vec::new();
+    for r in 0..opts.runs {
+        let i = first + r;
+        let fewer = &addresses(i, false, opts.node_ip)[1..];
+        endpoint.push(to_kernel(|| {
+            runtime.block_on(set_endpoints(&slices, i, fewer))
+        })?);
+        std::thread::sleep(SPACING);
+        let j = first + opts.runs + r;
+        delete.push(to_kernel(|| {
+            runtime
+                .block_on(services.delete(&service_name(j), &DeleteParams::default()))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })?);
+        std::thread::sleep(SPACING);
+    }
+    let peak_rss_mib = peak_rss_mib(&child.0);
+
+    let mut restart = Vec::new();
+    for r in 0..opts.runs {
+        drop(child);
+        let t = Instant::now();
+        child = Running(start(opts, c, &format!("{tag}-restart-{r}.log"))?);
+        restart.push(wait_healthy(healthz, t, Duration::from_secs(120))?);
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    drop(child);
+
+    // Put back what this contender changed, for the next one.
+    runtime.block_on(async {
+        for r in 0..opts.runs {
+            let i = first + r;
+            set_endpoints(&slices, i, &addresses(i, false, opts.node_ip)).await?;
+        }
+        Ok::<(), String>(())
+    })?;
+    runtime.block_on(populate(
+        client,
+        first + opts.runs,
+        first + 2 * opts.runs,
+        None,
+        opts.node_ip,
+    ))?;
+    Ok(Figures {
+        start_to_traffic,
+        endpoint_to_kernel: median(endpoint),
+        delete_to_kernel: median(delete),
+        restart_to_healthy: median(restart),
+        peak_rss_mib,
+    })
+}
+
+/// Seconds from `since` until a new connection to `target` is answered: one
+/// attempt starts every 10 ms, each waiting at most 300 ms (before the rules are
+/// in, the SYN leaves the node and is dropped upstream).
+fn first_traffic(target: SocketAddr, since: Instant, limit: Duration) -> Result<f64, String> {
+    let (tx, rx) = mpsc::channel::<Instant>();
+    while since.elapsed() < limit {
+        if let Ok(t) = rx.try_recv() {
+            return Ok((t - since).as_secs_f64());
+        }
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            if TcpStream::connect_timeout(&target, Duration::from_millis(300)).is_ok() {
+                let _ = tx.send(Instant::now());
+            }
+        });
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!("no answer from {target} in {limit:?}"))
+}
+
+/// Seconds from `since` until `/healthz` answers 200, polled every 10 ms.
+fn wait_healthy(healthz: SocketAddr, since: Instant, limit: Duration) -> Result<f64, String> {
+    while since.elapsed() < limit {
+        if status(healthz, "/healthz") == Some(200) {
+            return Ok(since.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(format!("{healthz} not healthy in {limit:?}"))
+}
+
+/// The HTTP status of a GET (kube-proxy answers HTTP/1.0 with HTTP/1.0).
+fn status(addr: SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_millis(500);
+    let mut conn = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    conn.set_read_timeout(Some(timeout)).ok()?;
+    conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut head = [0u8; 12];
+    conn.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Seconds from just before `change` (an API request) to the first nf_tables
+/// transaction the kernel reports in this namespace.
+fn to_kernel(change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+    let mut monitor = Monitor::open().map_err(|e| format!("nf_tables monitor: {e}"))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let seen = monitor.next_foreign_change(|_| true, 0);
+        let _ = tx.send((Instant::now(), seen.is_ok()));
+    });
+    let t0 = Instant::now();
+    change()?;
+    let (t1, ok) = rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|_| "no nf_tables transaction within 120 s".to_string())?;
+    if !ok {
+        return Err("the nf_tables monitor failed".into());
+    }
+    Ok((t1 - t0).as_secs_f64())
+}
+
+pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, String>)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n{size} Services × {ENDPOINTS} endpoints, real kube-apiserver (medians of {runs}; start and RSS: one run)\n"
+    );
+    let ours = results
+        .iter()
+        .find(|(c, _)| *c == Contender::KubeNft)
+        .and_then(|(_, f)| f.as_ref().ok());
+    let others: Vec<&(Contender, Result<Figures, String>)> = results
+        .iter()
+        .filter(|(c, _)| *c != Contender::KubeNft)
+        .collect();
+    let _ = write!(out, "| measure |");
+    for (c, _) in results {
+        let _ = write!(out, " {} |", c.title());
+    }
+    if ours.is_some() {
+        for (c, _) in &others {
+            let _ = write!(out, " {} ÷ kube-nft |", c.title());
+        }
+    }
+    out.push('\n');
+    let columns = results.len() + if ours.is_some() { others.len() } else { 0 };
+    let _ = writeln!(out, "|---|{}", "---|".repeat(columns));
+    type Row = (&'static str, fn(&Figures) -> f64, &'static str);
+    let rows: [Row; 5] = [
+        ("start → first traffic", |f| f.start_to_traffic, "s"),
+        ("endpoint removed → kernel", |f| f.endpoint_to_kernel, "s"),
+        ("Service deleted → kernel", |f| f.delete_to_kernel, "s"),
+        ("restart → healthy", |f| f.restart_to_healthy, "s"),
+        ("peak RSS", |f| f.peak_rss_mib, "MiB"),
+    ];
+    for (name, get, unit) in rows {
+        let _ = write!(out, "| {name} |");
+        for (_, f) in results {
+            match f {
+                Ok(f) if unit == "s" => {
+                    let _ = write!(out, " {:.3} s |", get(f));
+                }
+                Ok(f) => {
+                    let _ = write!(out, " {:.0} {unit} |", get(f));
+                }
+                Err(_) => out.push_str(" — |"),
+            }
+        }
+        if let Some(ours) = ours {
+            for (_, f) in &others {
+                match f {
+                    Ok(f) => {
+                        let _ = write!(out, " {:.1}× |", get(f) / get(ours));
+                    }
+                    Err(_) => out.push_str(" — |"),
+                }
+            }
+        }
+        out.push('\n');
+    }
+    for (c, f) in results {
+        if let Err(e) = f {
+            let _ = writeln!(out, "\n{}: {e}", c.title());
+        }
+    }
+    out
+}
