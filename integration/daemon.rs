@@ -86,6 +86,11 @@ fn drift_is_repaired_from_nftables_notifications() {
             "delete table ip kube-nft".to_string(),
             "chain reject-chain".to_string(),
         ),
+        (
+            "the whole ruleset flushed (`nft flush ruleset`)",
+            "flush ruleset".to_string(),
+            "2 : 10.244.0.13 . 9376".to_string(),
+        ),
     ] {
         nft_in(c.node(), &cmd);
         let repaired = wait_until(Duration::from_secs(5), what, || {

@@ -22,6 +22,8 @@ command -v python3 >/dev/null || missing+=(python3)
 command -v etcd >/dev/null || missing+=(etcd-server)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v curl >/dev/null || missing+=(curl)
+# The fuzz targets (integration/fuzz): libfuzzer-sys compiles libFuzzer's C++.
+command -v c++ >/dev/null || missing+=(g++)
 fi
 if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"

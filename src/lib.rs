@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod engine;
 pub mod explain;
+pub mod fuzzing;
 pub mod healthcheck;
 pub mod http;
 pub mod ipvs;

@@ -260,6 +260,16 @@ fn resolve_flags_and_file(flags: &Flags) -> Result<Settings, String> {
         }
         None => FileConfig::default(),
     };
+    resolve_with_file(flags, file)
+}
+
+/// The settings `flags` and a config file's `text` give, as `run --config`
+/// reads them (the file's path only names it in errors).
+pub fn resolve_text(flags: &Flags, text: &str, origin: &Path) -> Result<Settings, String> {
+    resolve_with_file(flags, FileConfig::parse(text, origin)?)
+}
+
+fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String> {
     let ipvs_mode = match &flags.proxy_mode {
         Some(mode) => check_mode(mode, "--proxy-mode")?,
         None => check_mode(file.mode.as_deref().unwrap_or_default(), "mode")?,

@@ -190,6 +190,15 @@ impl<'a> Payload<'a> {
         Ok(u64::from_be_bytes(b))
     }
 
+    /// A port or other 16-bit field in network byte order.
+    pub fn u16(&self) -> Result<u16, ParseError> {
+        let b: [u8; 2] = self
+            .bytes
+            .try_into()
+            .map_err(|_| self.bad("expected 2 bytes"))?;
+        Ok(u16::from_be_bytes(b))
+    }
+
     pub fn u16_host(&self) -> Result<u16, ParseError> {
         let b: [u8; 2] = self
             .bytes

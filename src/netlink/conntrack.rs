@@ -112,6 +112,27 @@ fn parse_tuple(buf: &[u8]) -> Result<Option<Tuple>, ParseError> {
     })
 }
 
+/// A conntrack message's body (nfgenmsg, then attributes): the flow, if both
+/// its tuples are complete.
+pub fn decode_flow(payload: &[u8]) -> Result<Option<Flow>, ParseError> {
+    let Some(attrs) = payload.get(4..) else {
+        return Ok(None);
+    };
+    let (mut original, mut reply) = (None, None);
+    for a in Attrs::new(attrs) {
+        let (k, p) = a?;
+        match k {
+            CTA_TUPLE_ORIG => original = parse_tuple(p)?,
+            CTA_TUPLE_REPLY => reply = parse_tuple(p)?,
+            _ => {}
+        }
+    }
+    Ok(match (original, reply) {
+        (Some(original), Some(reply)) => Some(Flow { original, reply }),
+        _ => None,
+    })
+}
+
 fn write_tuple(w: &mut AttrWriter, kind: u16, t: &Tuple) {
     w.nest(kind, |w| {
         w.nest(CTA_TUPLE_IP, |w| match (t.src, t.dst) {
@@ -160,24 +181,12 @@ impl ConntrackSocket {
         finish_msg(&mut req, at);
         let mut out = Vec::new();
         exchange(&self.sock, &mut self.rx, &req, |msg| {
-            let Some(attrs) = msg.payload.get(4..) else {
-                return Ok::<(), ConntrackError>(());
-            };
-            let (mut original, mut reply) = (None, None);
-            for a in Attrs::new(attrs) {
-                let (k, p) = a?;
-                match k {
-                    CTA_TUPLE_ORIG => original = parse_tuple(p)?,
-                    CTA_TUPLE_REPLY => reply = parse_tuple(p)?,
-                    _ => {}
+            if let Some(flow) = decode_flow(msg.payload)? {
+                if flow.original.proto == proto {
+                    out.push(flow);
                 }
             }
-            if let (Some(original), Some(reply)) = (original, reply) {
-                if original.proto == proto {
-                    out.push(Flow { original, reply });
-                }
-            }
-            Ok(())
+            Ok::<(), ConntrackError>(())
         })?;
         Ok(out)
     }

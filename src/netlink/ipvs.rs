@@ -238,7 +238,9 @@ fn encode(buf: Vec<u8>, family: u16, seq: u32, command: &Command) -> Vec<u8> {
     buf
 }
 
-fn decode_service(nest: &[u8]) -> Result<Option<VirtualService>, ParseError> {
+/// One virtual service from its attribute nest (`IPVS_CMD_ATTR_SERVICE`);
+/// `None` for one of another kind than kube-nft programs.
+pub fn decode_service(nest: &[u8]) -> Result<Option<VirtualService>, ParseError> {
     const CTX: &str = "IPVS service";
     let (mut family, mut protocol, mut addr, mut port) = (0, 0, None, 0);
     let (mut scheduler, mut flags, mut timeout, mut fwmark) = (String::new(), 0, 0, 0);
@@ -249,7 +251,7 @@ fn decode_service(nest: &[u8]) -> Result<Option<VirtualService>, ParseError> {
             IPVS_SVC_ATTR_AF => family = v.u16_host()?,
             IPVS_SVC_ATTR_PROTOCOL => protocol = v.u16_host()?,
             IPVS_SVC_ATTR_ADDR => addr = Some(p),
-            IPVS_SVC_ATTR_PORT => port = u16::from_be_bytes([p[0], p[1]]),
+            IPVS_SVC_ATTR_PORT => port = v.u16()?,
             IPVS_SVC_ATTR_FWMARK => fwmark = v.u32_host()?,
             IPVS_SVC_ATTR_SCHED_NAME => scheduler = v.string()?,
             IPVS_SVC_ATTR_FLAGS if p.len() >= 4 => {
@@ -279,7 +281,8 @@ fn decode_service(nest: &[u8]) -> Result<Option<VirtualService>, ParseError> {
     }))
 }
 
-fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
+/// One real server from its attribute nest (`IPVS_CMD_ATTR_DEST`).
+pub fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
     const CTX: &str = "IPVS real server";
     let (mut addr, mut port, mut weight, mut family) = (None, 0, 0, 0);
     for a in Attrs::new(nest) {
@@ -287,7 +290,7 @@ fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
         let v = Payload::new(CTX, kind, p);
         match kind {
             IPVS_DEST_ATTR_ADDR => addr = Some(p),
-            IPVS_DEST_ATTR_PORT => port = u16::from_be_bytes([p[0], p[1]]),
+            IPVS_DEST_ATTR_PORT => port = v.u16()?,
             IPVS_DEST_ATTR_WEIGHT => weight = v.u32_host()?,
             IPVS_DEST_ATTR_ADDR_FAMILY => family = v.u16_host()?,
             _ => {}

@@ -65,30 +65,39 @@ pub fn addresses(interface: Option<u32>) -> Result<Vec<IpAddr>, RouteError> {
     let mut rx = Vec::with_capacity(64 << 10);
     let mut out = Vec::new();
     exchange(&sock, &mut rx, &req, |msg| {
-        if msg.kind != RTM_NEWADDR || msg.payload.len() < IFADDRMSG_LEN {
+        if msg.kind != RTM_NEWADDR {
             return Ok::<(), RouteError>(());
         }
-        let index = u32::from_ne_bytes(msg.payload[4..8].try_into().unwrap());
-        if interface.is_some_and(|i| i != index) {
-            return Ok(());
-        }
-        let (mut address, mut local) = (None, None);
-        for a in Attrs::new(&msg.payload[IFADDRMSG_LEN..]) {
-            let (k, p) = a?;
-            let ip = ip_from_bytes(p);
-            match k {
-                IFA_ADDRESS => address = ip,
-                IFA_LOCAL => local = ip,
-                _ => {}
+        if let Some((index, addr)) = decode_address(msg.payload)? {
+            if interface.is_none_or(|i| i == index) {
+                out.push(addr);
             }
         }
-        // On point-to-point links IFA_ADDRESS is the peer; IFA_LOCAL is ours.
-        out.extend(local.or(address));
         Ok(())
     })?;
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// An RTM_NEWADDR body: the interface's index and the address, if it has one.
+pub fn decode_address(payload: &[u8]) -> Result<Option<(u32, IpAddr)>, ParseError> {
+    let Some(index) = payload.get(4..8) else {
+        return Ok(None);
+    };
+    let index = u32::from_ne_bytes(index.try_into().expect("four bytes"));
+    let (mut address, mut local) = (None, None);
+    for a in Attrs::new(payload.get(IFADDRMSG_LEN..).unwrap_or_default()) {
+        let (k, p) = a?;
+        let ip = ip_from_bytes(p);
+        match k {
+            IFA_ADDRESS => address = ip,
+            IFA_LOCAL => local = ip,
+            _ => {}
+        }
+    }
+    // On point-to-point links IFA_ADDRESS is the peer; IFA_LOCAL is ours.
+    Ok(local.or(address).map(|a| (index, a)))
 }
 
 /// Sends one request and waits for its acknowledgement.

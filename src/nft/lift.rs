@@ -215,7 +215,7 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
             let field = addr_field(family, *offset)?;
             let mut addr = data.clone();
             addr.resize(family_len(family), 0);
-            (addr_match(field, &addr, *len * 8, *op)?, 2)
+            (addr_match(field, &addr, len.checked_mul(8)?, *op)?, 2)
         }
         [Payload {
             base: PayloadBase::Network,
