@@ -485,6 +485,15 @@ fn to_kernel(change: impl FnOnce() -> Result<(), String>) -> Result<f64, String>
     Ok((t1 - t0).as_secs_f64())
 }
 
+/// Milliseconds under a second, seconds above.
+fn seconds(v: f64) -> String {
+    match v {
+        v if v < 0.01 => format!("{:.1} ms", v * 1000.0),
+        v if v < 1.0 => format!("{:.0} ms", v * 1000.0),
+        v => format!("{v:.2} s"),
+    }
+}
+
 pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, String>)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -505,7 +514,7 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
     }
     if ours.is_some() {
         for (c, _) in &others {
-            let _ = write!(out, " {} ÷ kube-nft |", c.title());
+            let _ = write!(out, " {} ÷ kube-nft |", c.name());
         }
     }
     out.push('\n');
@@ -524,7 +533,7 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         for (_, f) in results {
             match f {
                 Ok(f) if unit == "s" => {
-                    let _ = write!(out, " {:.3} s |", get(f));
+                    let _ = write!(out, " {} |", seconds(get(f)));
                 }
                 Ok(f) => {
                     let _ = write!(out, " {:.0} {unit} |", get(f));
@@ -536,7 +545,12 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
             for (_, f) in &others {
                 match f {
                     Ok(f) => {
-                        let _ = write!(out, " {:.1}× |", get(f) / get(ours));
+                        let r = get(f) / get(ours);
+                        let _ = if r < 10.0 {
+                            write!(out, " {r:.1}× |")
+                        } else {
+                            write!(out, " {r:.0}× |")
+                        };
                     }
                     Err(_) => out.push_str(" — |"),
                 }
@@ -544,10 +558,62 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         }
         out.push('\n');
     }
-    for (c, f) in results {
+    for (_, f) in results {
         if let Err(e) = f {
-            let _ = writeln!(out, "\n{}: {e}", c.title());
+            let _ = writeln!(out, "\n{e}");
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_ratios_and_reports_a_contender_that_failed() {
+        let ours = Figures {
+            start_to_traffic: 1.5,
+            endpoint_to_kernel: 0.0066,
+            delete_to_kernel: 0.25,
+            restart_to_healthy: 1.0,
+            peak_rss_mib: 100.0,
+        };
+        let theirs = Figures {
+            start_to_traffic: 15.0,
+            endpoint_to_kernel: 4.4,
+            delete_to_kernel: 0.5,
+            restart_to_healthy: 0.5,
+            peak_rss_mib: 500.0,
+        };
+        let t = table(
+            10_000,
+            5,
+            &[
+                (Contender::KubeNft, Ok(ours)),
+                (Contender::KubeProxyNftables, Ok(theirs)),
+                (
+                    Contender::KubeProxyIptables,
+                    Err("no answer in 600s".into()),
+                ),
+            ],
+        );
+        assert!(
+            t.contains("| start → first traffic | 1.50 s | 15.00 s | — | 10× | — |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| endpoint removed → kernel | 6.6 ms | 4.40 s | — | 667× | — |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| Service deleted → kernel | 250 ms | 500 ms | — | 2.0× | — |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| peak RSS | 100 MiB | 500 MiB | — | 5.0× | — |"),
+            "{t}"
+        );
+        assert!(t.ends_with("\nno answer in 600s\n"), "{t}");
+    }
 }
