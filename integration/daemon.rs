@@ -552,3 +552,65 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
         "{err}"
     );
 }
+
+/// SIGKILL at several moments of a large first sync, then a restart: the
+/// restart adopts whatever the killed process left (the kernel commits a
+/// transaction whole or not at all) and ends on exactly the desired ruleset: a
+/// further restart writes nothing, and the Service answers. The kill times are
+/// fractions of a measured sync, and one comes just after the daemon reports
+/// its first sync; the test requires having seen both sides of the commit.
+#[test]
+fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
+    let c = Cluster::new("kill9", &PODS, &[9376]);
+    let mut manifests = web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]);
+    for i in 0..3000 {
+        let name = format!("s{i}");
+        let vip = format!("10.96.{}.{}", 10 + i / 250, i % 250 + 1);
+        let eps: Vec<String> = (0..3)
+            .map(|k| format!("10.245.{}.{}", i / 80, (i % 80) * 3 + k + 1))
+            .collect();
+        let eps: Vec<&str> = eps.iter().map(String::as_str).collect();
+        manifests += &service(&name, &[&vip], &[tcp(80, 8080)]);
+        manifests += &slice(&name, "a", &[tcp(80, 8080)], &eps);
+    }
+    let path = c.scratch.write("big.yaml", &manifests);
+    let start = std::time::Instant::now();
+    sync_once(c.node(), &path);
+    let whole = start.elapsed();
+    let tables = || nft_list(c.node()).matches("\ntable ").count() + 1;
+    let mut seen = Vec::new();
+    // The last kill comes once the daemon has logged its first sync.
+    for fraction in [0.05, 0.3, 0.6, 0.9, f64::INFINITY] {
+        exec_in(c.node(), &["nft", "flush", "ruleset"]);
+        let d = Daemon::start(c.node(), &path, c.scratch.0.join("kill9.log"), &[]);
+        if fraction.is_finite() {
+            std::thread::sleep(whole.mul_f64(fraction));
+        } else {
+            wait_until(Duration::from_secs(60), "the first sync", || {
+                d.syncs("Full") >= 1
+            });
+        }
+        drop(d); // SIGKILL
+        let left = if nft_list(c.node()).trim().is_empty() {
+            0
+        } else {
+            tables()
+        };
+        seen.push((fraction, left));
+        let adopt = sync_once(c.node(), &path);
+        let again = sync_once(c.node(), &path);
+        let log = String::from_utf8_lossy(&again.stderr);
+        assert!(
+            log.contains("messages=0 bytes=0"),
+            "after a kill at {fraction} of a sync and a restart, the next restart wrote:\n{log}\n{}",
+            String::from_utf8_lossy(&adopt.stderr)
+        );
+        let t = tally(c.client(), "10.96.0.10:80", 9, false);
+        assert!(t.errors.is_empty(), "{t:?}");
+    }
+    println!("a whole sync of 3000 Services took {whole:?}; tables left by each kill: {seen:?}");
+    assert!(
+        seen.iter().any(|(_, left)| *left == 0) && seen.iter().any(|(_, left)| *left > 0),
+        "no kill landed on each side of the commit: {seen:?}"
+    );
+}

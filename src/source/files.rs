@@ -249,10 +249,23 @@ pub fn parse(text: &str, origin: &str) -> Result<Loaded, (Option<usize>, String)
         return Err((None, "is empty".into()));
     }
     // Each document as JSON's data model: what the API types deserialize from.
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| {
-        let line = e.location().map(|l| l.line() as usize);
-        (line, format!("not valid YAML: {}", yaml_error(&e)))
-    })?;
+    // The parser's default budget guards against hostile input and stops at 1,024
+    // documents and 250k nodes: about 5k objects. A manifest is the operator's
+    // own file, and 10k Services are 20k documents; the anchor and alias limits
+    // (which guard against expansion bombs) stay as they are.
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_documents: 1_000_000,
+            max_nodes: 100_000_000,
+            max_events: 400_000_000,
+            max_total_scalar_bytes: 1 << 30,
+        },
+    };
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple_with_options(text, options).map_err(|e| {
+            let line = e.location().map(|l| l.line() as usize);
+            (line, format!("not valid YAML: {}", yaml_error(&e)))
+        })?;
     let mut loaded = Loaded::default();
     for (i, doc) in docs.into_iter().enumerate() {
         let position = format!("{origin}: document {}", i + 1);
