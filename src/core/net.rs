@@ -36,6 +36,13 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    pub const ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
+    /// The protocol of an IP protocol number, if a Service port can use it.
+    pub fn from_number(n: u8) -> Option<Protocol> {
+        Protocol::ALL.into_iter().find(|p| p.number() == n)
+    }
+
     pub fn number(self) -> u8 {
         match self {
             Protocol::Tcp => 6,

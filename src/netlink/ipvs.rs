@@ -156,9 +156,7 @@ fn inet_addr(addr: &IpAddr) -> [u8; 16] {
 }
 
 fn protocol_from(n: u16) -> Option<Protocol> {
-    [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
-        .into_iter()
-        .find(|p| u16::from(p.number()) == n)
+    Protocol::from_number(u8::try_from(n).ok()?)
 }
 
 /// The attributes that name a virtual service.

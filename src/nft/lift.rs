@@ -8,17 +8,16 @@
 //! the object. A rule someone else added to our tables is an error, not a guess.
 
 use crate::core::net::{Family, Protocol};
+use crate::netlink::attr::ip_from_bytes;
 use crate::netlink::expr::{CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, REG_1, REG_VERDICT};
 use crate::netlink::objects::*;
-use crate::nft::kernel::same_table;
-use crate::nft::lower::{lower_rule, lower_set, lower_table};
+use crate::nft::lower::{lower_counter, lower_element, lower_rule, lower_set, padded};
 use crate::ruleset::{
     Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedCounter, Rule, Set, Stmt,
     Table,
 };
 use ipnet::IpNet;
 use std::fmt;
-use std::net::IpAddr;
 
 /// An object of our table that `lower` could not have written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,27 +43,44 @@ pub fn lift_table(k: &KernelTable) -> Result<Table, LiftError> {
         .iter()
         .map(|c| lift_chain(k.family, c).map_err(|e| at(e.0)))
         .collect::<Result<Vec<_>, _>>()?;
-    let table = Table {
-        family: k.family,
-        name: k.name.clone(),
-        comment: comment_of(&k.userdata),
-        counters: k
-            .counters
-            .iter()
-            .map(|c| NamedCounter {
+    let counters = k
+        .counters
+        .iter()
+        .map(|c| {
+            let counter = NamedCounter {
                 name: c.name.clone(),
                 comment: comment_of(&c.userdata),
+            };
+            same(&lower_counter(&counter), c, || {
+                format!("counter {}", c.name)
             })
-            .collect(),
+            .map(|()| counter)
+            .map_err(|e| at(e.0))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let comment = comment_of(&k.userdata);
+    same(&comment_udata(&comment), &k.userdata, || {
+        "its comment".into()
+    })
+    .map_err(|e| at(e.0))?;
+    Ok(Table {
+        family: k.family,
+        name: k.name.clone(),
+        comment,
+        counters,
         sets,
         chains,
-    };
-    // Sets and rules were checked one by one; this catches the rest (the
-    // table's and counters' userdata, anything a comment could not carry).
-    if !same_table(&lower_table(&table), k) {
-        return Err(at("holds attributes kube-nft does not write".into()));
+    })
+}
+
+/// Every lifted object is lowered again and must be what was read: userdata
+/// beyond a comment, padding, flags `lower` does not set all fail here.
+fn same<T: PartialEq>(again: &T, read: &T, what: impl FnOnce() -> String) -> Result<(), LiftError> {
+    if again == read {
+        Ok(())
+    } else {
+        Err(LiftError(format!("{} is not what kube-nft writes", what())))
     }
-    Ok(table)
 }
 
 pub fn lift_chain(family: Family, k: &KernelChain) -> Result<Chain, LiftError> {
@@ -80,10 +96,14 @@ pub fn lift_chain(family: Family, k: &KernelChain) -> Result<Chain, LiftError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let comment = comment_of(&k.userdata);
+    same(&comment_udata(&comment), &k.userdata, || {
+        format!("chain {}'s comment", k.name)
+    })?;
     Ok(Chain {
         name: k.name.clone(),
         base: k.base,
-        comment: comment_of(&k.userdata),
+        comment,
         rules,
     })
 }
@@ -201,7 +221,7 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
             ..
         }, Dnat { .. }, ..] => (
             Stmt::Dnat {
-                addr: ip(addr)?,
+                addr: ip_from_bytes(addr)?,
                 port: u16::from_be_bytes(port.as_slice().try_into().ok()?),
             },
             3,
@@ -307,7 +327,7 @@ fn family_len(family: Family) -> usize {
 }
 
 fn addr_match(field: Field, addr: &[u8], prefix: u32, op: CmpOp) -> Option<Stmt> {
-    let net = IpNet::new(ip(addr)?, u8::try_from(prefix).ok()?).ok()?;
+    let net = IpNet::new(ip_from_bytes(addr)?, u8::try_from(prefix).ok()?).ok()?;
     Some(Stmt::AddrMatch {
         field,
         net,
@@ -315,22 +335,15 @@ fn addr_match(field: Field, addr: &[u8], prefix: u32, op: CmpOp) -> Option<Stmt>
     })
 }
 
-fn ip(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
-}
-
 fn u32_ne(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(bytes.try_into().ok()?))
 }
 
 fn protocol(data: &[u8]) -> Option<Protocol> {
-    [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
-        .into_iter()
-        .find(|p| data == [p.number()])
+    match data {
+        [n] => Protocol::from_number(*n),
+        _ => None,
+    }
 }
 
 pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
@@ -344,7 +357,7 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
         vec![Some(MapData::Verdict)]
     } else {
         // An endpoint map's protocol is only in its "typeof": try each.
-        [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+        Protocol::ALL
             .into_iter()
             .map(|p| Some(MapData::Endpoint(family, p)))
             .collect()
@@ -361,6 +374,12 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
             })
         })
         .collect::<Option<Vec<_>>>()
+        .filter(|lifted| {
+            lifted
+                .iter()
+                .zip(&k.elements)
+                .all(|(e, k)| lower_element(e) == *k)
+        })
         .ok_or_else(|| bad("an element kube-nft does not write"))?;
     for data in data_kinds {
         let set = Set {
@@ -383,18 +402,20 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
     Err(bad("a definition kube-nft does not write"))
 }
 
+const KEY_TYPES: [KeyType; 5] = [
+    KeyType::Ipv4Addr,
+    KeyType::Ipv6Addr,
+    KeyType::InetProto,
+    KeyType::InetService,
+    KeyType::Slot,
+];
+
 /// The key's types, from the packed ids (6 bits each, first field highest).
 fn key_types(mut packed: u32) -> Option<Vec<KeyType>> {
     let mut out = Vec::new();
     while packed != 0 {
-        out.push(match packed & ((1 << TYPE_BITS) - 1) {
-            7 => KeyType::Ipv4Addr,
-            8 => KeyType::Ipv6Addr,
-            12 => KeyType::InetProto,
-            13 => KeyType::InetService,
-            4 => KeyType::Slot,
-            _ => return None,
-        });
+        let id = packed & ((1 << TYPE_BITS) - 1);
+        out.push(KEY_TYPES.into_iter().find(|t| t.type_id() == id)?);
         packed >>= TYPE_BITS;
     }
     out.reverse();
@@ -405,10 +426,14 @@ fn key_values(types: &[KeyType], mut bytes: &[u8], concatenated: bool) -> Option
     let mut out = Vec::new();
     for t in types {
         let size = t.size() as usize;
-        let step = if concatenated { (size + 3) & !3 } else { size };
+        let step = if concatenated {
+            padded(t.size()) as usize
+        } else {
+            size
+        };
         let v = bytes.get(..size)?;
         out.push(match t {
-            KeyType::Ipv4Addr | KeyType::Ipv6Addr => KeyValue::Addr(ip(v)?),
+            KeyType::Ipv4Addr | KeyType::Ipv6Addr => KeyValue::Addr(ip_from_bytes(v)?),
             KeyType::InetProto => KeyValue::Proto(protocol(v)?),
             KeyType::InetService => KeyValue::Port(u16::from_be_bytes(v.try_into().ok()?)),
             KeyType::Slot => KeyValue::Slot(u32_ne(v)?),

@@ -42,7 +42,8 @@ impl KeyType {
     }
 }
 
-fn padded(n: u32) -> u32 {
+/// A field's size in a concatenation: padded to a 32-bit register.
+pub(crate) fn padded(n: u32) -> u32 {
     (n + 3) & !3
 }
 
