@@ -99,6 +99,15 @@ impl ControlPlane {
         checked("kubectl apply", child.wait_with_output().unwrap());
     }
 
+    /// A Pod labelled `app: web` on `node`, reported running and Ready at `ip`
+    /// as its kubelet would (its server is already listening there).
+    fn pod(&self, name: &str, node: &str, ip: &str) {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: {node}, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
+        ));
+        self.run("pod-ready", &["default", name, ip]);
+    }
+
     /// kube-nft in `netns` as the DaemonSet runs it, until dropped.
     fn daemonset(&self, netns: &str, node: &str, log: PathBuf) -> Daemon {
         let mut command = script(&self.prefix);
@@ -149,15 +158,9 @@ impl Serving {
         cp.run("join", &[c.node(), "10.100.0.11"]);
         cp.run("node", &["node-a", "10.100.0.11", "10.244.0.0/24"]);
         cp.run("deploy", &[]);
-        let mut manifest = service_yaml("web");
-        for (name, _) in PODS {
-            manifest += &format!(
-                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: node-a, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
-            );
-        }
-        cp.apply(&manifest);
+        cp.apply(&service_yaml("web"));
         for (name, ip) in PODS {
-            cp.run("pod-ready", &["default", name, ip]);
+            cp.pod(name, "node-a", ip);
         }
         let cluster_ip = cp.cluster_ip("web");
         Serving { cp, c, cluster_ip }
@@ -433,15 +436,6 @@ impl TwoNodes {
         TwoNodes { cp, a, b }
     }
 
-    /// A Pod of `app` on `node`, reported running and Ready at `ip` as its
-    /// kubelet would (its server is already listening there).
-    fn pod(&self, name: &str, node: &str, ip: &str) {
-        self.cp.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: {node}, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
-        ));
-        self.cp.run("pod-ready", &["default", name, ip]);
-    }
-
     /// The addresses the EndpointSlice controller reports for Service `web`, with
     /// their conditions: (address, ready, terminating).
     fn endpoints(&self) -> Vec<(String, bool, bool)> {
@@ -517,8 +511,8 @@ fn with_a_real_control_plane_two_nodes_serve_each_other_and_a_rolling_replacemen
     n.cp.apply(
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {type: NodePort, selector: {app: web}, ports: [{name: http, port: 80, targetPort: 9376}]}\n",
     );
-    n.pod("web-a", "node-a", "10.244.0.11");
-    n.pod("web-b", "node-b", "10.244.1.11");
+    n.cp.pod("web-a", "node-a", "10.244.0.11");
+    n.cp.pod("web-b", "node-b", "10.244.1.11");
     let vip = format!("{}:80", n.cp.cluster_ip("web"));
     let node_port = n.cp.kubectl(&[
         "get",
@@ -568,7 +562,7 @@ fn with_a_real_control_plane_two_nodes_serve_each_other_and_a_rolling_replacemen
         ("web-a", "10.244.0.11", "web-c", "10.244.0.12", "node-a"),
         ("web-b", "10.244.1.11", "web-d", "10.244.1.12", "node-b"),
     ] {
-        n.pod(new, node, new_ip);
+        n.cp.pod(new, node, new_ip);
         wait_until(
             Duration::from_secs(30),
             "the new pod to be an endpoint",

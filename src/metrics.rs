@@ -17,7 +17,12 @@ type Labels = Vec<(&'static str, String)>;
 
 /// Peak resident set of this process, KiB (`VmHWM`).
 pub fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_kib_of("self")
+}
+
+/// Peak resident set of process `pid` (a number, or `self`), KiB; 0 if gone.
+pub fn peak_rss_kib_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()

@@ -336,13 +336,7 @@ fn bare_node() -> Result<(), String> {
 }
 
 fn peak_rss_mib(child: &Child) -> f64 {
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kib| kib / 1024.0)
+    crate::metrics::peak_rss_kib_of(&child.id().to_string()) as f64 / 1024.0
 }
 
 fn measure(

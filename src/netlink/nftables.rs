@@ -414,14 +414,7 @@ impl NftSocket {
         family: Family,
         name: &str,
     ) -> Result<Option<KernelTable>, NftError> {
-        let mut table = KernelTable {
-            family,
-            name: name.to_string(),
-            userdata: None,
-            counters: Vec::new(),
-            sets: Vec::new(),
-            chains: Vec::new(),
-        };
+        let mut table = KernelTable::empty(family, name);
         Ok(self.walk_table(family, name, &mut table)?.then_some(table))
     }
 

@@ -94,6 +94,18 @@ pub struct KernelTable {
 }
 
 impl KernelTable {
+    /// A table with nothing read into it yet.
+    pub fn empty(family: Family, name: &str) -> KernelTable {
+        KernelTable {
+            family,
+            name: name.to_string(),
+            userdata: None,
+            counters: Vec::new(),
+            sets: Vec::new(),
+            chains: Vec::new(),
+        }
+    }
+
     pub fn id(&self) -> crate::ruleset::TableId {
         crate::ruleset::TableId::named(self.family, &self.name).expect("one of our tables")
     }

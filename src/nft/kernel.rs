@@ -122,14 +122,7 @@ pub fn read_ruleset(sock: &mut NftSocket) -> Result<Ruleset, ReadError> {
     let mut tables = Vec::new();
     for family in Family::ALL {
         let read = sock.walk_tables(family, None, |header| {
-            TableId::named(family, &header.name).map(|_| KernelTable {
-                family,
-                name: header.name.clone(),
-                userdata: None,
-                counters: Vec::new(),
-                sets: Vec::new(),
-                chains: Vec::new(),
-            })
+            TableId::named(family, &header.name).map(|_| KernelTable::empty(family, &header.name))
         })?;
         let mut read: Vec<KernelTable> = read.into_values().collect();
         read.sort_by_key(KernelTable::id);
