@@ -115,6 +115,75 @@ fn drift_is_repaired_from_nftables_notifications() {
     );
 }
 
+/// The notification socket overflowing (ENOBUFS). While the daemon is stopped
+/// (SIGSTOP), another process floods nf_tables with changes to a table of its
+/// own until the kernel drops notifications for the daemon's socket, then
+/// deletes one of our elements; that deletion's notification is dropped with
+/// the rest. Only the loss itself can tell the daemon (the resync period is an
+/// hour), so once resumed it must resync in full and repair.
+#[test]
+fn a_notification_socket_that_overflowed_leads_to_a_full_resync() {
+    let c = Cluster::new("enobufs", &PODS, &[9376]);
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    );
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &["--sync-period", "1h", "--min-sync-period", "100ms"],
+    );
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    let (table, _) = find_chain(c.node(), "svc-").expect("the Service's chain");
+    let elements: Vec<String> = (0..100_000)
+        .map(|i| format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256))
+        .collect();
+    let flood = c.scratch.write(
+        "flood.nft",
+        &format!(
+            "table inet flood {{\n  set s {{\n    type ipv4_addr\n    elements = {{ {} }}\n  }}\n}}\n",
+            elements.join(", ")
+        ),
+    );
+    assert_eq!(netfilter_netlink_drops(c.node()), 0);
+    d.signal(rustix::process::Signal::STOP);
+    let mut rounds = 0;
+    while netfilter_netlink_drops(c.node()) == 0 {
+        assert!(rounds < 30, "the daemon's socket never overflowed");
+        exec_in(c.node(), &["nft", "-f", flood.to_str().unwrap()]);
+        exec_in(c.node(), &["nft", "delete", "table", "inet", "flood"]);
+        rounds += 1;
+    }
+    nft_in(
+        c.node(),
+        &format!("delete element {table} service-ips {{ 10.96.0.10 . tcp . 80 }}"),
+    );
+    let drops = netfilter_netlink_drops(c.node());
+    d.signal(rustix::process::Signal::CONT);
+    let repaired = wait_until(Duration::from_secs(10), "the repair", || {
+        nft_list(c.node()).contains("10.96.0.10 . tcp . 80")
+    });
+    println!(
+        "{rounds} rounds of 100k elements overflowed the socket ({drops} notifications dropped); \
+         repaired {repaired:?} after SIGCONT"
+    );
+    let (_, metrics) = http_status(c.node(), "127.0.0.1:10249", "/metrics").expect("metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            "kubenft_drift_repairs_total{cause=\"notifications_lost\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(d.log_text().contains("(Lost); repairing"), "{}", d.log_text());
+    let t = tally(c.client(), "10.96.0.10:80", 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+}
+
 #[test]
 fn a_long_lived_connection_survives_a_restart_that_writes_nothing() {
     let c = Cluster::new("restart", &PODS, &[9376]);

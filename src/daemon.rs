@@ -420,6 +420,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
             }
             Event::Drift(change) => {
                 tracing::warn!("our table was changed outside kube-nft ({change:?}); repairing");
+                metrics.drift_seen(change);
                 engine.request_full_sync();
             }
             Event::Terminate(signal) => {

@@ -4,6 +4,7 @@
 use crate::core::model::{ClusterState, Rejected};
 use crate::dataplane::SyncKind;
 use crate::engine::SyncReport;
+use crate::netlink::monitor::Change;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -49,6 +50,7 @@ pub struct Metrics {
     rejected: Family<Labels, Counter>,
     manifest_errors: Counter,
     manifests_failing: Gauge,
+    drift_repairs: Family<Labels, Counter>,
 }
 
 fn sync_buckets() -> Histogram {
@@ -90,6 +92,7 @@ impl Metrics {
             rejected: Family::default(),
             manifest_errors: Counter::default(),
             manifests_failing: Gauge::default(),
+            drift_repairs: Family::default(),
         };
         m.register()
     }
@@ -172,6 +175,11 @@ impl Metrics {
             "Manifest files (or paths) that cannot be read or parsed now",
             self.manifests_failing.clone(),
         );
+        r.register(
+            "kubenft_drift_repairs",
+            "Full syncs started because our tables may have changed outside kube-nft: another process's transaction touched them, or change notifications were lost (the socket overflowed)",
+            self.drift_repairs.clone(),
+        );
         self
     }
 
@@ -230,6 +238,17 @@ impl Metrics {
             let latency = now.duration_since(*t).unwrap_or(Duration::ZERO);
             self.programming_latency.observe(latency.as_secs_f64());
         }
+    }
+
+    /// A full sync requested because of drift, by cause.
+    pub fn drift_seen(&self, change: Change) {
+        let cause = match change {
+            Change::Foreign { .. } => "foreign_transaction",
+            Change::Lost => "notifications_lost",
+        };
+        self.drift_repairs
+            .get_or_create(&vec![("cause", cause.into())])
+            .inc();
     }
 
     pub fn sync_failed(&self) {

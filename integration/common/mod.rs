@@ -350,9 +350,17 @@ impl Daemon {
     /// Sends SIGTERM (`ip netns exec` execs the binary: the child is kube-nft) and
     /// waits for the exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.signal(rustix::process::Signal::TERM);
         self.child.wait().unwrap()
+    }
+
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log_text(&self) -> String {
@@ -412,6 +420,20 @@ pub fn http_status(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
         Some((code, body.to_string()))
     })
     .unwrap()
+}
+
+/// Notifications the kernel dropped for netfilter netlink sockets in `ns`
+/// because their receive queue was full (the `Drops` column of
+/// /proc/net/netlink, protocol 12).
+pub fn netfilter_netlink_drops(ns: &str) -> u64 {
+    exec_in(ns, &["cat", "/proc/net/netlink"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"12")).then(|| f.get(8)?.parse::<u64>().ok())?
+        })
+        .sum()
 }
 
 /// The value of one metric sample (`name` with its labels, as exposed).
