@@ -8,120 +8,12 @@
 
 mod common;
 
+use common::control_plane::*;
 use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+
 use std::time::Duration;
-
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/integration/k8s/cluster.sh");
-
-fn script(prefix: &str) -> Command {
-    let mut c = Command::new("bash");
-    c.arg(SCRIPT)
-        .env("KUBE_NFT_BIN", BIN)
-        .env("KUBE_NFT_CLUSTER_PREFIX", prefix)
-        .env("RUST_LOG", "info,kube_nft::engine=debug");
-    c
-}
-
-fn checked(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A control plane that `cluster.sh up` started; `down` on drop.
-struct ControlPlane {
-    prefix: String,
-    dir: PathBuf,
-}
-
-impl ControlPlane {
-    fn up(prefix: &str) -> ControlPlane {
-        let dir = std::env::temp_dir().join(unique(&format!("{prefix}-cluster")));
-        let cp = ControlPlane {
-            prefix: prefix.to_string(),
-            dir,
-        };
-        let out = script(prefix).arg("up").arg(&cp.dir).output().unwrap();
-        checked("cluster.sh up", out);
-        cp
-    }
-
-    fn dir(&self) -> &str {
-        self.dir.to_str().unwrap()
-    }
-
-    /// `cluster.sh SUBCOMMAND DIR ARGS…`.
-    fn run(&self, subcommand: &str, args: &[&str]) -> String {
-        let out = script(&self.prefix)
-            .args([subcommand, self.dir()])
-            .args(args)
-            .output()
-            .unwrap();
-        checked(&format!("cluster.sh {subcommand} {args:?}"), out)
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        self.run("kubectl", args)
-    }
-
-    fn cluster_ip(&self, service: &str) -> String {
-        self.kubectl(&[
-            "get",
-            "service",
-            service,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])
-    }
-
-    fn apply(&self, yaml: &str) {
-        let mut child = script(&self.prefix)
-            .args(["kubectl", self.dir(), "apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        checked("kubectl apply", child.wait_with_output().unwrap());
-    }
-
-    /// A Pod labelled `app: web` on `node`, reported running and Ready at `ip`
-    /// as its kubelet would (its server is already listening there).
-    fn pod(&self, name: &str, node: &str, ip: &str) {
-        self.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, labels: {{app: web}}}}\nspec: {{nodeName: {node}, containers: [{{name: web, image: none, ports: [{{containerPort: 9376}}]}}]}}\n"
-        ));
-        self.run("pod-ready", &["default", name, ip]);
-    }
-
-    /// kube-nft in `netns` as the DaemonSet runs it, until dropped.
-    fn daemonset(&self, netns: &str, node: &str, log: PathBuf) -> Daemon {
-        let mut command = script(&self.prefix);
-        command.args(["daemonset", self.dir(), netns, node]);
-        Daemon::spawn_command(command, log)
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        let _ = script(&self.prefix).args(["down", self.dir()]).output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 #[test]
 fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daemonset_runs_it() {
@@ -135,49 +27,6 @@ fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daem
     assert!(out.status.success(), "cluster.sh smoke failed:\n{stderr}");
     assert!(stderr.contains("smoke passed"), "{stderr}");
     assert!(stderr.contains("kube-apiserver v1.36"), "{stderr}");
-}
-
-const PODS: [(&str, &str); 2] = [("web-a", "10.244.0.11"), ("web-b", "10.244.0.12")];
-
-/// One node namespace on a control plane's bridge, registered as node-a, with
-/// deploy/ applied, pods web-a and web-b serving their names and reported Ready,
-/// and a Service `web` selecting them.
-struct Serving {
-    // Dropped in this order: the control plane before the namespaces it joined.
-    cp: ControlPlane,
-    c: Cluster,
-    cluster_ip: String,
-}
-
-impl Serving {
-    fn new(tag: &str, prefix: &str) -> Serving {
-        let pods: Vec<(&str, &[&str])> =
-            vec![("web-a", &["10.244.0.11"]), ("web-b", &["10.244.0.12"])];
-        let c = Cluster::new(tag, &pods, &[9376]);
-        let cp = ControlPlane::up(prefix);
-        cp.run("join", &[c.node(), "10.100.0.11"]);
-        cp.run("node", &["node-a", "10.100.0.11", "10.244.0.0/24"]);
-        cp.run("deploy", &[]);
-        cp.apply(&service_yaml("web"));
-        for (name, ip) in PODS {
-            cp.pod(name, "node-a", ip);
-        }
-        let cluster_ip = cp.cluster_ip("web");
-        Serving { cp, c, cluster_ip }
-    }
-
-    fn vip(&self) -> String {
-        format!("{}:80", self.cluster_ip)
-    }
-
-    fn daemonset(&self, log: &str) -> Daemon {
-        self.cp
-            .daemonset(self.c.node(), "node-a", self.c.scratch.0.join(log))
-    }
-}
-
-fn service_yaml(name: &str) -> String {
-    format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{selector: {{app: web}}, ports: [{{name: http, port: 80, targetPort: 9376}}]}}\n")
 }
 
 /// Scenarios 1, 5 and 6 of issue #17 on one node, with packets: a ClusterIP

@@ -179,7 +179,11 @@ fn a_notification_socket_that_overflowed_leads_to_a_full_resync() {
         Some(1.0),
         "{metrics}"
     );
-    assert!(d.log_text().contains("(Lost); repairing"), "{}", d.log_text());
+    assert!(
+        d.log_text().contains("(Lost); repairing"),
+        "{}",
+        d.log_text()
+    );
     let t = tally(c.client(), "10.96.0.10:80", 30, false);
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
 }
@@ -247,28 +251,6 @@ fn a_burst_of_changes_goes_out_as_one_transaction() {
 
 /// Opens one connection after another to `target` from `ns` until `stop` is set;
 /// returns how many were answered and what went wrong with the others.
-fn keep_connecting(
-    ns: &str,
-    target: &str,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(usize, Vec<String>)> {
-    let (ns, target) = (ns.to_string(), target.parse().unwrap());
-    std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&ns, move || {
-            let (mut answered, mut failed) = (0, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {
-                    Ok(_) => answered += 1,
-                    Err(e) => failed.push(e.to_string()),
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (answered, failed)
-        })
-        .unwrap()
-    })
-}
-
 #[test]
 fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_garbled() {
     let c = Cluster::new("rewrite", &PODS, &[9376]);
@@ -631,8 +613,15 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
 #[test]
 fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
     let c = Cluster::new("kill9", &PODS, &[9376]);
+    // 3,000 keeps a debug build short; KUBE_NFT_KILL9_SERVICES=10000 is the
+    // documented run.
+    let services: usize = std::env::var("KUBE_NFT_KILL9_SERVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    assert!(services <= 12_000, "the VIPs and endpoints below run out");
     let mut manifests = web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]);
-    for i in 0..3000 {
+    for i in 0..services {
         let name = format!("s{i}");
         let vip = format!("10.96.{}.{}", 10 + i / 250, i % 250 + 1);
         let eps: Vec<String> = (0..3)
@@ -677,7 +666,9 @@ fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
         let t = tally(c.client(), "10.96.0.10:80", 9, false);
         assert!(t.errors.is_empty(), "{t:?}");
     }
-    println!("a whole sync of 3000 Services took {whole:?}; tables left by each kill: {seen:?}");
+    println!(
+        "a whole sync of {services} Services took {whole:?}; tables left by each kill: {seen:?}"
+    );
     assert!(
         seen.iter().any(|(_, left)| *left == 0) && seen.iter().any(|(_, left)| *left > 0),
         "no kill landed on each side of the commit: {seen:?}"

@@ -283,3 +283,14 @@ fn render_prints_what_run_programs() {
         30,
     );
 }
+
+/// A flowtable that offloads the node's forwarded flows, written by another
+/// tool beside ours, with its other tables (`parity` runs those with three nft
+/// versions): our readback and sync are unaffected, and Services still answer
+/// through the offload.
+#[test]
+#[ignore = "needs a kernel with flowtables (the host's has none): integration/vm/run.sh runs it"]
+fn a_flowtable_beside_ours_breaks_neither_readback_nor_sync() {
+    use common::foreign_tables::{beside_ours, Writer};
+    beside_ours("dfx", &[Writer::host()], true);
+}

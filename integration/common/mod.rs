@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod control_plane;
+pub mod foreign_tables;
 pub mod sctp;
 pub mod services;
 
@@ -420,6 +422,30 @@ pub fn http_status(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
         Some((code, body.to_string()))
     })
     .unwrap()
+}
+
+/// A client in `ns` opening a new connection to `target` every 20 ms until
+/// `stop`: how many were answered, and the errors of those that were not.
+pub fn keep_connecting(
+    ns: &str,
+    target: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    let (ns, target) = (ns.to_string(), target.parse().unwrap());
+    std::thread::spawn(move || {
+        kube_nft::netns::in_netns(&ns, move || {
+            let (mut answered, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {
+                    Ok(_) => answered += 1,
+                    Err(e) => failed.push(e.to_string()),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (answered, failed)
+        })
+        .unwrap()
+    })
 }
 
 /// Notifications the kernel dropped for netfilter netlink sockets in `ns`

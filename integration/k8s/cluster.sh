@@ -340,6 +340,8 @@ kubectl) with_env "$2"; shift 2; kubectl "$@" ;;            # DIR ARGS… (stdin
 deploy) with_env "$2"; deploy_manifests ;;                  # DIR
 # DIR NETNS NODE_NAME [ARGS…]: kube-nft in the foreground, as the DaemonSet runs it.
 restart-apiserver) with_env "$2"; restart_apiserver "$2" "${3:-}" ;;  # DIR [compact]
+stop-apiserver) with_env "$2"; stop "$2" kube-apiserver ;;            # DIR
+start-apiserver) with_env "$2"; start_apiserver "$2" "$BIN" ;;         # DIR
 stop-controllers) with_env "$2"; stop "$2" kube-controller-manager ;;  # DIR
 start-controllers) with_env "$2"; start_controllers "$2" "$BIN" ;;     # DIR
 daemonset) with_env "$2"; dir=$2 node=$3 name=$4; shift 4; daemonset_run "$dir" "$node" "$name" "$@" ;;

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Config};
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
@@ -28,7 +28,7 @@ pub struct Connection {
 
 /// The client config: `--kubeconfig` (with `--master` overriding its server), else
 /// `--master` alone, else in-cluster or `$KUBECONFIG` as kubectl finds them.
-pub(crate) async fn client_config(conn: &Connection) -> Result<Config, String> {
+pub async fn client_config(conn: &Connection) -> Result<Config, String> {
     let master = conn
         .master
         .as_deref()
@@ -117,6 +117,10 @@ pub fn spawn<T: From<Update> + Send + 'static>(
     Ok(())
 }
 
+fn is_gone(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchError(status) if status.code == 410)
+}
+
 /// Forwards one watcher's events as they come. Returns
 /// when the receiver is gone, or when the API server has no such kind (an old
 /// cluster without ServiceCIDRs): that kind is then reported as an empty list.
@@ -126,11 +130,16 @@ async fn forward<K: Send + 'static, T: From<Update>>(
     wrap: fn(Delta<K>) -> Update,
     tx: Sender<T>,
 ) {
-    let events = events.default_backoff();
     futures_util::pin_mut!(events);
+    // client-go's reflector backoff (800 ms doubling to 30 s, with jitter),
+    // reset by any event.
+    let mut backoff = watcher::DefaultBackoff::default();
     let mut failing = false;
     let mut listed = false;
     while let Some(event) = events.next().await {
+        if event.is_ok() {
+            backoff.reset();
+        }
         // A list goes out object by object as its pages arrive: converted and
         // dropped by the store at once, never held whole.
         let delta = match event {
@@ -161,6 +170,14 @@ async fn forward<K: Send + 'static, T: From<Update>>(
                     tracing::warn!("watching {kind}: {e}; retrying with backoff, rules unchanged");
                 }
                 failing = true;
+                // A 410 Gone is an answering server saying the watch cannot
+                // resume: the watcher relists at once. Waiting first would add
+                // a second backoff, up to a minute, to an outage's end.
+                if !is_gone(&e) {
+                    if let Some(delay) = backoff.next() {
+                        tokio::time::sleep(delay).await;
+                    }
+                }
                 continue;
             }
         };
