@@ -12,17 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const PODS: [(&str, &[&str]); 3] = [
-    ("pod-a", &["10.244.0.11"]),
-    ("pod-b", &["10.244.0.12"]),
-    ("pod-c", &["10.244.0.13"]),
-];
-
-fn web(endpoints: &[&str]) -> String {
-    service("web", &["10.96.0.10"], &[tcp(80, 9376)])
-        + &slice("web", "a", &[tcp(80, 9376)], endpoints)
-}
-
 fn nft_in(ns: &str, cmd: &str) {
     let out = Command::new("ip")
         .args(["netns", "exec", ns, "nft", cmd])
@@ -37,21 +26,7 @@ fn nft_in(ns: &str, cmd: &str) {
 
 #[test]
 fn drift_is_repaired_from_nftables_notifications() {
-    let c = Cluster::new("drift", &PODS, &[9376]);
-    let manifests = c.scratch.write(
-        "web.yaml",
-        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
-    );
-    // A resync period of an hour: only the notifications can trigger these repairs.
-    let d = Daemon::start(
-        c.node(),
-        &manifests,
-        c.scratch.0.join("log"),
-        &["--sync-period", "1h", "--min-sync-period", "100ms"],
-    );
-    wait_until(Duration::from_secs(10), "the first sync", || {
-        answers(c.client(), "10.96.0.10:80")
-    });
+    let (c, _, d) = serve_web_on_notifications_only("drift");
     let (table, chain) = find_chain(c.node(), "svc-").expect("the Service's chain");
     let listing = nft_list(c.node());
     let map = listing
@@ -123,20 +98,7 @@ fn drift_is_repaired_from_nftables_notifications() {
 /// hour), so once resumed it must resync in full and repair.
 #[test]
 fn a_notification_socket_that_overflowed_leads_to_a_full_resync() {
-    let c = Cluster::new("enobufs", &PODS, &[9376]);
-    let manifests = c.scratch.write(
-        "web.yaml",
-        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
-    );
-    let d = Daemon::start(
-        c.node(),
-        &manifests,
-        c.scratch.0.join("log"),
-        &["--sync-period", "1h", "--min-sync-period", "100ms"],
-    );
-    wait_until(Duration::from_secs(10), "the first sync", || {
-        answers(c.client(), "10.96.0.10:80")
-    });
+    let (c, _, d) = serve_web_on_notifications_only("enobufs");
     let (table, _) = find_chain(c.node(), "svc-").expect("the Service's chain");
     let elements: Vec<String> = (0..100_000)
         .map(|i| format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256))
@@ -190,7 +152,7 @@ fn a_notification_socket_that_overflowed_leads_to_a_full_resync() {
 
 #[test]
 fn a_long_lived_connection_survives_a_restart_that_writes_nothing() {
-    let c = Cluster::new("restart", &PODS, &[9376]);
+    let c = Cluster::new("restart", &WEB_PODS, &[9376]);
     c.apply(&web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]));
     let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
     // Open a connection through the VIP and leave it idle across the restart.
@@ -217,7 +179,7 @@ fn a_long_lived_connection_survives_a_restart_that_writes_nothing() {
 
 #[test]
 fn a_burst_of_changes_goes_out_as_one_transaction() {
-    let c = Cluster::new("burst", &PODS, &[9376]);
+    let c = Cluster::new("burst", &WEB_PODS, &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let d = Daemon::start(
         c.node(),
@@ -253,7 +215,7 @@ fn a_burst_of_changes_goes_out_as_one_transaction() {
 /// returns how many were answered and what went wrong with the others.
 #[test]
 fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_garbled() {
-    let c = Cluster::new("rewrite", &PODS, &[9376]);
+    let c = Cluster::new("rewrite", &WEB_PODS, &[9376]);
     let good = web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]);
     let manifests = c.scratch.write("web.yaml", &good);
     let d = Daemon::start(
@@ -327,7 +289,7 @@ fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_
 
 #[test]
 fn a_manifest_that_does_not_parse_fails_once_and_render_and_deletes_nothing() {
-    let c = Cluster::new("badonce", &PODS, &[9376]);
+    let c = Cluster::new("badonce", &WEB_PODS, &[9376]);
     c.apply(&web(&["10.244.0.11"]));
     assert!(answers(c.client(), "10.96.0.10:80"));
     let broken = c
@@ -360,7 +322,7 @@ fn a_manifest_that_does_not_parse_fails_once_and_render_and_deletes_nothing() {
 
 #[test]
 fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
-    let c = Cluster::new("sigterm", &PODS[..1], &[9376]);
+    let c = Cluster::new("sigterm", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let mut d = Daemon::start(
         c.node(),
@@ -419,7 +381,7 @@ winkernel: {enableDSR: false, forwardHealthCheckVip: false, networkName: '', roo
 
 #[test]
 fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_field() {
-    let c = Cluster::new("config", &PODS[..1], &[9376]);
+    let c = Cluster::new("config", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let manifests = manifests.to_str().unwrap();
     let good = c.scratch.write("good.yaml", KUBEADM_CONFIG);
@@ -498,7 +460,7 @@ fn kernel_has_ipvs() -> bool {
 
 #[test]
 fn ipvs_mode_on_a_kernel_without_ipvs_says_so_and_programs_nothing() {
-    let c = Cluster::new("noipvs", &PODS[..1], &[9376]);
+    let c = Cluster::new("noipvs", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let out = kube_nft_in(
         c.node(),
@@ -528,7 +490,7 @@ fn ipvs_mode_on_a_kernel_without_ipvs_says_so_and_programs_nothing() {
 /// refused by name.
 #[test]
 fn kube_proxy_logging_flags_are_taken_or_refused_by_name() {
-    let c = Cluster::new("logflags", &PODS, &[9376]);
+    let c = Cluster::new("logflags", &WEB_PODS, &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let mut args = proxy_command("run", &manifests);
     args.extend([
@@ -572,7 +534,7 @@ fn kube_proxy_logging_flags_are_taken_or_refused_by_name() {
 /// and the ones asking for what kube-nft does not do are refused by name.
 #[test]
 fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
-    let c = Cluster::new("kpflags", &PODS, &[9376]);
+    let c = Cluster::new("kpflags", &WEB_PODS, &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let mut args = proxy_command("run", &manifests);
     args.extend([
@@ -612,7 +574,7 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
 /// its first sync; the test requires having seen both sides of the commit.
 #[test]
 fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
-    let c = Cluster::new("kill9", &PODS, &[9376]);
+    let c = Cluster::new("kill9", &WEB_PODS, &[9376]);
     // 3,000 keeps a debug build short; KUBE_NFT_KILL9_SERVICES=10000 is the
     // documented run.
     let services: usize = std::env::var("KUBE_NFT_KILL9_SERVICES")

@@ -150,18 +150,6 @@ pub fn routed_links(ns: &str) -> Vec<String> {
         .collect()
 }
 
-const PODS: [(&str, &[&str]); 3] = [
-    ("pod-a", &["10.244.0.11"]),
-    ("pod-b", &["10.244.0.12"]),
-    ("pod-c", &["10.244.0.13"]),
-];
-const VIP: &str = "10.96.0.10:80";
-
-fn web(endpoints: &[&str]) -> String {
-    service("web", &["10.96.0.10"], &[tcp(80, 9376)])
-        + &slice("web", "a", &[tcp(80, 9376)], endpoints)
-}
-
 /// Each writer in turn (oldest nft first) writes its tables beside ours while
 /// `kube-nft run` serves a Service; after each, the Service answers, a change
 /// to it syncs, and every writer so far lists the whole ruleset (but for an
@@ -171,18 +159,8 @@ fn web(endpoints: &[&str]) -> String {
 /// nothing to write; `explain` reads ours from the kernel; and the other
 /// tools' tables list as they did before all that.
 pub fn beside_ours(tag: &str, writers: &[Writer], flowtable: bool) {
-    let c = Cluster::new(tag, &PODS, &[9376]);
+    let (c, manifests, mut d) = serve_web_on_notifications_only(tag);
     let all = ["10.244.0.11", "10.244.0.12", "10.244.0.13"];
-    let manifests = c.scratch.write("web.yaml", &web(&all));
-    let mut d = Daemon::start(
-        c.node(),
-        &manifests,
-        c.scratch.0.join("log"),
-        &["--sync-period", "1h", "--min-sync-period", "100ms"],
-    );
-    wait_until(Duration::from_secs(10), "the first sync", || {
-        answers(c.client(), VIP)
-    });
     // Our checks read the kernel with the newest nft: the others may crash on
     // what it wrote.
     let newest = writers.last().unwrap();
@@ -192,7 +170,7 @@ pub fn beside_ours(tag: &str, writers: &[Writer], flowtable: bool) {
         wait_until(Duration::from_secs(5), "the change to sync", || {
             !ruleset().contains("10.244.0.13")
         });
-        let t = tally(c.client(), VIP, 12, false);
+        let t = tally(c.client(), WEB_VIP, 12, false);
         assert!(
             t.errors.is_empty() && t.answers.len() == 2,
             "{after}: {t:?}"
@@ -201,7 +179,7 @@ pub fn beside_ours(tag: &str, writers: &[Writer], flowtable: bool) {
         wait_until(Duration::from_secs(5), "the change back to sync", || {
             ruleset().contains("10.244.0.13")
         });
-        let t = tally(c.client(), VIP, 12, false);
+        let t = tally(c.client(), WEB_VIP, 12, false);
         assert!(
             t.errors.is_empty() && t.answers.len() == 3,
             "{after}: {t:?}"

@@ -424,6 +424,41 @@ pub fn http_status(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     .unwrap()
 }
 
+/// Three pods serving on 9376, behind the Service `web` at `WEB_VIP`.
+pub const WEB_PODS: [(&str, &[&str]); 3] = [
+    ("pod-a", &["10.244.0.11"]),
+    ("pod-b", &["10.244.0.12"]),
+    ("pod-c", &["10.244.0.13"]),
+];
+pub const WEB_VIP: &str = "10.96.0.10:80";
+
+/// The Service `web` and its slice, with these endpoints.
+pub fn web(endpoints: &[&str]) -> String {
+    service("web", &["10.96.0.10"], &[tcp(80, 9376)])
+        + &slice("web", "a", &[tcp(80, 9376)], endpoints)
+}
+
+/// `kube-nft run` serving `web` from the three pods once it answers, with a
+/// resync period of an hour: only nf_tables notifications can start a repair.
+/// The manifest file it reads is returned to be rewritten.
+pub fn serve_web_on_notifications_only(tag: &str) -> (Cluster, PathBuf, Daemon) {
+    let c = Cluster::new(tag, &WEB_PODS, &[9376]);
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    );
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &["--sync-period", "1h", "--min-sync-period", "100ms"],
+    );
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), WEB_VIP)
+    });
+    (c, manifests, d)
+}
+
 /// A client in `ns` opening a new connection to `target` every 20 ms until
 /// `stop`: how many were answered, and the errors of those that were not.
 pub fn keep_connecting(
