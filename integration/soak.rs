@@ -32,13 +32,12 @@ const UDP_SERVICES: usize = 10;
 const POD_IPS: [&str; 2] = ["10.244.0.11", "10.244.0.12"];
 const NAMESPACE: &str = "default";
 
-fn seconds_from_env(name: &str, default: u64) -> Duration {
-    Duration::from_secs(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default),
-    )
+/// The environment variable `name` parsed, or `default`.
+fn from_env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// xorshift64*: the soak's changes are replayable from the seed it prints.
@@ -166,7 +165,8 @@ impl Changes {
 async fn churn(client: Client, seed: u64, until: Instant, per_second: u32) -> Changes {
     let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
     let slices: Api<EndpointSlice> = Api::namespaced(client, NAMESPACE);
-    let mut rng = Rng(seed);
+    // xorshift stays at 0 from 0.
+    let mut rng = Rng(seed | 1);
     let mut tcp: Vec<String> = (UDP_SERVICES..SERVICES)
         .map(|i| format!("churn-{i}"))
         .collect();
@@ -476,21 +476,12 @@ fn keep_asking(
 
 #[test]
 fn a_churn_soak_at_1k_services_fails_no_connection_and_leaves_the_kernel_as_desired() {
-    let length = seconds_from_env("KUBE_NFT_SOAK_SECONDS", 120);
-    let seed = std::env::var("KUBE_NFT_SOAK_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    let rate: u32 = std::env::var("KUBE_NFT_SOAK_RATE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let length = Duration::from_secs(from_env("KUBE_NFT_SOAK_SECONDS", 120));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let seed = from_env("KUBE_NFT_SOAK_SEED", now.as_nanos() as u64);
+    let rate: u32 = from_env("KUBE_NFT_SOAK_RATE", 10);
     println!("soak of {length:?} at {rate} changes a second, KUBE_NFT_SOAK_SEED={seed}");
     let s = Serving::new("kso", "kc6");
     let (c, vip) = (&s.c, s.vip());
@@ -602,7 +593,7 @@ fn a_churn_soak_at_1k_services_fails_no_connection_and_leaves_the_kernel_as_desi
 
 #[test]
 fn the_api_server_gone_for_minutes_changes_no_rule_and_the_node_keeps_serving() {
-    let outage = seconds_from_env("KUBE_NFT_OUTAGE_SECONDS", 120);
+    let outage = Duration::from_secs(from_env("KUBE_NFT_OUTAGE_SECONDS", 120));
     let s = Serving::new("kgo", "kc7");
     let (c, cp, vip) = (&s.c, &s.cp, s.vip());
     let daemon = s.daemonset("kube-nft.log");
