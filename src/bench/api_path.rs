@@ -140,10 +140,15 @@ pub struct ApiPathResult {
     pub peak_rss_kib: u64,
     /// The peak when every kind had been listed, before the first sync.
     pub listed_rss_kib: u64,
+    /// A second process over the ruleset the first left: it lists the same
+    /// objects, reads the whole ruleset back and writes nothing.
+    pub restart_ms: f64,
+    pub restart_peak_rss_kib: u64,
 }
 
 /// Starts `kube-nft run --once` against a loopback API server holding the
-/// cluster, in a scratch namespace, and reads its report.
+/// cluster, in a scratch namespace, then again over what it wrote, and reads
+/// their reports.
 pub fn api_path(
     prefix: &str,
     services: usize,
@@ -152,25 +157,39 @@ pub fn api_path(
     let ns = Netns::create(&format!("{prefix}api")).map_err(|e| e.to_string())?;
     let server = ApiServer::serving_in(&ns.name, cluster_objects(services, endpoints_each))
         .map_err(|e| format!("the API server: {e}"))?;
+    let first = run_once(&ns.name, &server.url())?;
+    let restart = run_once(&ns.name, &server.url())?;
+    Ok(ApiPathResult {
+        services,
+        endpoints: services * endpoints_each,
+        synced_ms: first.ms,
+        peak_rss_kib: first.peak_rss_kib,
+        listed_rss_kib: first.listed_rss_kib,
+        restart_ms: restart.ms,
+        restart_peak_rss_kib: restart.peak_rss_kib,
+    })
+}
+
+struct OnceReport {
+    ms: f64,
+    peak_rss_kib: u64,
+    listed_rss_kib: u64,
+}
+
+fn run_once(netns: &str, url: &str) -> Result<OnceReport, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let started = Instant::now();
     let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
+        .args(["netns", "exec", netns])
         .arg(exe)
-        .args([
-            "run",
-            "--master",
-            &server.url(),
-            "--hostname-override",
-            THIS_NODE,
-        ])
+        .args(["run", "--master", url, "--hostname-override", THIS_NODE])
         .args(["--cluster-cidr", "10.128.0.0/9", "--once"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| e.to_string())?;
-    let synced_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
     let log = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         return Err(format!("kube-nft run --once failed:\n{log}"));
@@ -186,10 +205,8 @@ pub fn api_path(
     let (Some(&listed_rss_kib), Some(&peak_rss_kib)) = (reports.first(), reports.last()) else {
         return Err(format!("no peak_rss_kib in the daemon's log:\n{log}"));
     };
-    Ok(ApiPathResult {
-        services,
-        endpoints: services * endpoints_each,
-        synced_ms,
+    Ok(OnceReport {
+        ms,
         peak_rss_kib,
         listed_rss_kib,
     })
@@ -198,23 +215,33 @@ pub fn api_path(
 /// The API-path table: a row per size, medians over the runs.
 pub fn api_table(results: &[Vec<ApiPathResult>]) -> String {
     let mut out = String::from(
-        "| Services × endpoints | start → first full sync | peak RSS | of which before the sync (lists absorbed) | runs (synced ms / peak MiB) |\n|---|---|---|---|---|\n",
+        "| Services × endpoints | start → first full sync | peak RSS | of which before the sync (lists absorbed) | restart over it: time, peak RSS | runs (synced ms / peak MiB; restart ms / peak MiB) |\n|---|---|---|---|---|---|\n",
     );
+    let mib = |kib: f64| kib / 1024.0;
     for runs in results.iter().filter(|r| !r.is_empty()) {
-        let ms = super::median(runs.iter().map(|r| r.synced_ms).collect());
-        let rss = super::median(runs.iter().map(|r| r.peak_rss_kib as f64).collect());
-        let listed = super::median(runs.iter().map(|r| r.listed_rss_kib as f64).collect());
+        let median =
+            |f: &dyn Fn(&ApiPathResult) -> f64| super::median(runs.iter().map(f).collect());
         let each: Vec<String> = runs
             .iter()
-            .map(|r| format!("{:.0}/{:.0}", r.synced_ms, r.peak_rss_kib as f64 / 1024.0))
+            .map(|r| {
+                format!(
+                    "{:.0}/{:.0}; {:.0}/{:.0}",
+                    r.synced_ms,
+                    mib(r.peak_rss_kib as f64),
+                    r.restart_ms,
+                    mib(r.restart_peak_rss_kib as f64)
+                )
+            })
             .collect();
         out += &format!(
-            "| {} × {} | {:.2} s | {:.0} MiB | {:.0} MiB | {} |\n",
+            "| {} × {} | {:.2} s | {:.0} MiB | {:.0} MiB | {:.2} s, {:.0} MiB | {} |\n",
             runs[0].services,
             runs[0].endpoints,
-            ms / 1000.0,
-            rss / 1024.0,
-            listed / 1024.0,
+            median(&|r| r.synced_ms) / 1000.0,
+            mib(median(&|r| r.peak_rss_kib as f64)),
+            mib(median(&|r| r.listed_rss_kib as f64)),
+            median(&|r| r.restart_ms) / 1000.0,
+            mib(median(&|r| r.restart_peak_rss_kib as f64)),
             each.join(", ")
         );
     }

@@ -10,6 +10,7 @@ use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
 use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
 use crate::nft::translate::Ruleset;
+use crate::nft::view::Elements;
 
 pub struct NftDataplane<K = NftSocket> {
     kernel: K,
@@ -80,8 +81,9 @@ impl<K: NftKernel> NftDataplane<K> {
         }
         for (table, map) in self.footprints.maps_of(changed) {
             let elements = self.kernel.read_set_elements(*table, map)?;
-            let elements = elements.into_iter().map(|e| (e.key.clone(), e)).collect();
-            reread.maps.insert((*table, map.clone()), elements);
+            reread
+                .maps
+                .insert((*table, map.clone()), Elements::new(elements));
         }
         let (plan, change) = self.footprints.plan_partial(reread, changed, state, config);
         let committed = self.commit(plan)?;

@@ -24,7 +24,7 @@ use crate::netlink::objects::{
 };
 use crate::netlink::{Committed, NftError};
 use crate::nft::kernel::NftKernel;
-use crate::nft::view::{rule_view, ChainView, RuleView, SetView, TableView};
+use crate::nft::view::{rule_view, ChainView, Elements, RuleView, SetView, TableView};
 use crate::ruleset::{Mapped, TableId, Verdict};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -341,11 +341,7 @@ fn view_of(t: &KernelTable) -> TableView {
                 elements: Vec::new(),
                 ..s.clone()
             },
-            elements: s
-                .elements
-                .iter()
-                .map(|e| (e.key.clone(), e.clone()))
-                .collect::<HashMap<_, _>>(),
+            elements: Elements::new(s.elements.clone()),
         })
         .collect();
     let counters = t

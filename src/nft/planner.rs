@@ -20,7 +20,7 @@ use crate::nft::service::service_rules;
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{SlotHints, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, translate_with_hints, Ruleset};
-use crate::nft::view::{map_slots, slots, RuleView, SetView, TableView};
+use crate::nft::view::{map_slots, slots, Elements, RuleView, SetView, TableView};
 use crate::ruleset::{Mapped, TableId};
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -162,7 +162,7 @@ impl SlotHints for ViewHints<'_> {
     fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
         let view = self.0.get(&table)?;
         if let Some(m) = view.set(map) {
-            return Some(map_slots(m.elements.values()));
+            return Some(map_slots(m.elements.iter()));
         }
         view.chain(chain).map(|c| slots(&c.rules))
     }
@@ -176,13 +176,10 @@ pub struct Reread {
     pub maps: HashMap<(TableId, String), Elements>,
 }
 
-/// A set's elements by key bytes.
-pub type Elements = HashMap<Vec<u8>, KernelElement>;
-
 impl SlotHints for Reread {
     fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
         if let Some(elements) = self.maps.get(&(table, map.to_string())) {
-            return Some(map_slots(elements.values()));
+            return Some(map_slots(elements.iter()));
         }
         self.chains
             .get(&(table, chain.to_string()))
@@ -208,7 +205,7 @@ fn plan_service_set(
             table,
             &set.name,
             Some(&have.elements),
-            by_key(elements),
+            Elements::new(elements),
         ),
         Some(_) => {}
     }
@@ -218,10 +215,6 @@ fn plan_service_set(
 fn add_set_with(plan: &mut Plan, table: TableId, set: KernelSet, elements: Vec<KernelElement>) {
     plan.add_new_set_elements(table, &set.name, &elements);
     plan.add_set(table, set);
-}
-
-fn by_key(elements: Vec<KernelElement>) -> Elements {
-    elements.into_iter().map(|e| (e.key.clone(), e)).collect()
 }
 
 /// The full sync's plan: everything the kernel (`views`) lacks or has wrong
@@ -257,15 +250,15 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
         let main = TableId::main(family);
         let main_view = views.get(&main);
         let mut wanted_counters = BTreeSet::new();
-        let mut wanted_elements: HashMap<(TableId, &str), HashMap<Vec<u8>, KernelElement>> =
-            HashMap::new();
+        // Gathered in order; `Elements::new` keeps the first of a key.
+        let mut wanted_elements: HashMap<(TableId, &str), Vec<KernelElement>> = HashMap::new();
         for (set, e) in node_elements(state, config, family) {
             let e = lower_element(&e);
             for id in &ids {
                 wanted_elements
                     .entry((*id, set))
                     .or_default()
-                    .insert(e.key.clone(), e.clone());
+                    .push(e.clone());
             }
         }
         for key in state.services.keys() {
@@ -301,11 +294,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
                 }
             }
             for (id, set, e) in svc.elements {
-                wanted_elements
-                    .entry((id, set))
-                    .or_default()
-                    .entry(e.key.clone())
-                    .or_insert(e);
+                wanted_elements.entry((id, set)).or_default().push(e);
             }
             for a in &svc.footprint.hairpin {
                 *footprints.hairpin_refs.entry((family, *a)).or_insert(0) += 1;
@@ -320,8 +309,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
         let hairpin = wanted_elements.entry((main, SET_HAIRPIN)).or_default();
         for (f, a) in footprints.hairpin_refs.keys() {
             if *f == family {
-                let e = lower_element(&hairpin_element(*a));
-                hairpin.insert(e.key.clone(), e);
+                hairpin.push(lower_element(&hairpin_element(*a)));
             }
         }
         for (id, skeleton) in &skeletons {
@@ -331,7 +319,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
                 let want = wanted_elements
                     .remove(&(*id, set.name.as_str()))
                     .unwrap_or_default();
-                plan_elements(&mut plan, *id, &set.name, have, want);
+                plan_elements(&mut plan, *id, &set.name, have, Elements::new(want));
             }
             let Some(v) = view else { continue };
             let wanted = |names: &HashMap<TableId, BTreeSet<String>>, name: &str| {
@@ -341,7 +329,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             for s in unwanted_sets {
                 // Its verdict elements hold the chains they point to.
                 let verdict = |e: &&KernelElement| matches!(e.data, Some(Mapped::Verdict(_)));
-                for e in s.elements.values().filter(verdict) {
+                for e in s.elements.iter().filter(verdict) {
                     plan.delete_element(*id, &s.def.name, e.clone());
                 }
                 plan.delete_set(*id, &s.def.name);
@@ -445,7 +433,7 @@ impl Footprints {
                         add_set_with(&mut plan, id, set, elements);
                     } else if set.timeout_ms.is_none() {
                         let have = hints.maps.get(&at);
-                        plan_elements(&mut plan, id, &set.name, have, by_key(elements));
+                        plan_elements(&mut plan, id, &set.name, have, Elements::new(elements));
                     }
                 }
                 for (id, s) in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
@@ -592,16 +580,15 @@ fn plan_elements(
     have: Option<&Elements>,
     want: Elements,
 ) {
-    let empty = HashMap::new();
+    let empty = Elements::default();
     let have = have.unwrap_or(&empty);
-    for (key, old) in have {
-        match want.get(key) {
-            Some(new) if new == old => {}
-            _ => plan.delete_element(table, set, old.clone()),
+    for old in have.iter() {
+        if want.get(&old.key) != Some(old) {
+            plan.delete_element(table, set, old.clone());
         }
     }
-    for (key, new) in want {
-        if have.get(&key) != Some(&new) {
+    for new in want {
+        if have.get(&new.key) != Some(&new) {
             plan.add_element(table, set, new);
         }
     }

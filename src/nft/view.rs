@@ -52,11 +52,45 @@ pub fn map_slots<'a>(elements: impl Iterator<Item = &'a KernelElement>) -> Vec<(
     by_slot.into_iter().map(|(_, ep)| ep).collect()
 }
 
+/// A set's elements, sorted by key. A restart at 10k Services reads 110k of
+/// them: a hash map keyed by a copy of each key cost twice the memory, 21 MiB
+/// of a 61 MiB peak, most of it in the buckets of 10k ten-element maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Elements(Vec<KernelElement>);
+
+impl Elements {
+    /// Of elements with the same key, the first is kept.
+    pub fn new(mut elements: Vec<KernelElement>) -> Elements {
+        elements.sort_by(|a, b| a.key.cmp(&b.key));
+        elements.dedup_by(|later, first| later.key == first.key);
+        elements.shrink_to_fit();
+        Elements(elements)
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<&KernelElement> {
+        let at = self.0.binary_search_by(|e| e.key.as_slice().cmp(key));
+        at.ok().map(|i| &self.0[i])
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, KernelElement> {
+        self.0.iter()
+    }
+}
+
+impl IntoIterator for Elements {
+    type Item = KernelElement;
+    type IntoIter = std::vec::IntoIter<KernelElement>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SetView {
     /// The set's definition; its `elements` are empty (see `elements`).
     pub def: KernelSet,
-    pub elements: HashMap<Vec<u8>, KernelElement>,
+    pub elements: Elements,
 }
 
 #[derive(Debug, Clone)]
@@ -198,13 +232,14 @@ impl TableVisitor for ViewBuilder {
         self.0.set_index.insert(def.name.clone(), self.0.sets.len());
         self.0.sets.push(SetView {
             def,
-            elements: HashMap::new(),
+            elements: Elements::default(),
         });
     }
 
+    // Gathered unsorted; `finish` sorts each set's once.
     fn element(&mut self, set: &str, element: KernelElement) {
         if let Some(&i) = self.0.set_index.get(set) {
-            self.0.sets[i].elements.insert(element.key.clone(), element);
+            self.0.sets[i].elements.0.push(element);
         }
     }
 
@@ -225,6 +260,13 @@ impl ViewBuilder {
             set_index: HashMap::new(),
         })
     }
+
+    fn finish(mut self) -> TableView {
+        for set in &mut self.0.sets {
+            set.elements = Elements::new(std::mem::take(&mut set.elements.0));
+        }
+        self.0
+    }
 }
 
 /// Reads one of our tables compactly; `None` if it does not exist.
@@ -234,7 +276,7 @@ pub fn read_view(
     name: &str,
 ) -> Result<Option<TableView>, NftError> {
     let mut b = ViewBuilder::new(family);
-    Ok(sock.walk_table(family, name, &mut b)?.then_some(b.0))
+    Ok(sock.walk_table(family, name, &mut b)?.then(|| b.finish()))
 }
 
 /// Reads every table of a family that `ours` accepts, compactly, in one walk.
@@ -246,7 +288,7 @@ pub fn read_views(
     let walked = sock.walk_tables(family, None, |h| {
         ours(&h.name).then(|| ViewBuilder::new(family))
     })?;
-    Ok(walked.into_iter().map(|(n, b)| (n, b.0)).collect())
+    Ok(walked.into_iter().map(|(n, b)| (n, b.finish())).collect())
 }
 
 /// Reads the elements of one set (empty if it has none or does not exist).
@@ -273,4 +315,32 @@ pub fn read_chain_rules(
         rules.push(rule_view(r.handle.unwrap_or(0), &r))
     })?;
     Ok(rules)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn element(key: &[u8], port: u16) -> KernelElement {
+        KernelElement {
+            key: key.to_vec(),
+            data: Some(Mapped::Endpoint(IpAddr::from([10, 0, 0, 1]), port)),
+            userdata: None,
+        }
+    }
+
+    #[test]
+    fn elements_are_found_by_key_and_the_first_of_a_key_is_kept() {
+        let elements = Elements::new(vec![
+            element(&[3], 30),
+            element(&[1], 10),
+            element(&[3], 31),
+            element(&[2], 20),
+        ]);
+        let keys: Vec<&[u8]> = elements.iter().map(|e| e.key.as_slice()).collect();
+        assert_eq!(keys, [[1], [2], [3]]);
+        assert_eq!(elements.get(&[3]), Some(&element(&[3], 30)));
+        assert_eq!(elements.get(&[4]), None);
+        assert_eq!(Elements::default().get(&[1]), None);
+    }
 }
