@@ -63,7 +63,6 @@ impl Elements {
     pub fn new(mut elements: Vec<KernelElement>) -> Elements {
         elements.sort_by(|a, b| a.key.cmp(&b.key));
         elements.dedup_by(|later, first| later.key == first.key);
-        elements.shrink_to_fit();
         Elements(elements)
     }
 
@@ -261,9 +260,12 @@ impl ViewBuilder {
         })
     }
 
+    // A view is held through the whole sync, so its vectors give back their
+    // spare capacity; the desired side's are consumed as soon as they are made.
     fn finish(mut self) -> TableView {
         for set in &mut self.0.sets {
             set.elements = Elements::new(std::mem::take(&mut set.elements.0));
+            set.elements.0.shrink_to_fit();
         }
         self.0
     }
