@@ -18,7 +18,7 @@ use std::time::Duration;
 #[test]
 fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daemonset_runs_it() {
     require_root();
-    let out = script("kc1")
+    let out = script(&cluster_prefix("kc1"))
         .arg("smoke")
         .output()
         .expect("running integration/k8s/cluster.sh");
@@ -370,15 +370,17 @@ fn with_a_real_control_plane_two_nodes_serve_each_other_and_a_rolling_replacemen
         "-o",
         "jsonpath={.spec.ports[0].nodePort}",
     ]);
-    let _kube_nft_a =
+    let mut kube_nft_a =
         n.cp.daemonset(n.a.node(), "node-a", n.a.scratch.0.join("kube-nft.log"));
-    let _kube_nft_b =
+    let mut kube_nft_b =
         n.cp.daemonset(n.b.node(), "node-b", n.b.scratch.0.join("kube-nft.log"));
 
     // 1: the ClusterIP from a pod on each node reaches the pods of both.
     for (c, pod) in [(&n.a, "web-a"), (&n.b, "web-b")] {
         let ns = c.pod_ns(pod);
         wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
+            kube_nft_a.assert_running();
+            kube_nft_b.assert_running();
             answers(&ns, &vip)
         });
         let t = tally(&ns, &vip, 30, false);

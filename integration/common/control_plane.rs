@@ -8,6 +8,9 @@ use std::process::Stdio;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/integration/k8s/cluster.sh");
 
+/// `cluster.sh` for the control plane whose namespaces start with `prefix-`:
+/// give it a prefix from [`cluster_prefix`], so that two test runs at once
+/// (two checkouts, two binaries) never name the same namespace.
 pub fn script(prefix: &str) -> Command {
     let mut c = Command::new("bash");
     c.arg(SCRIPT)
@@ -27,6 +30,19 @@ pub fn checked(what: &str, out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A prefix for a control plane's namespaces, unique to this process and `tag`:
+/// `kt<pid>-<tag>`, which the test command's leftover check also covers. Its
+/// interfaces are named `<prefix>-cp0` and `<prefix>-n<NN>`, so it must leave
+/// room for five more characters within IFNAMSIZ (15).
+pub fn cluster_prefix(tag: &str) -> String {
+    let prefix = unique(tag);
+    assert!(
+        prefix.len() + 4 <= 15,
+        "{prefix}: too long for the interface names cluster.sh makes from it"
+    );
+    prefix
+}
+
 /// A control plane that `cluster.sh up` started; `down` on drop.
 pub struct ControlPlane {
     pub prefix: String,
@@ -34,12 +50,10 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub fn up(prefix: &str) -> ControlPlane {
-        let dir = std::env::temp_dir().join(unique(&format!("{prefix}-cluster")));
-        let cp = ControlPlane {
-            prefix: prefix.to_string(),
-            dir,
-        };
+    pub fn up(tag: &str) -> ControlPlane {
+        let prefix = cluster_prefix(tag);
+        let dir = std::env::temp_dir().join(format!("{prefix}-cluster"));
+        let cp = ControlPlane { prefix, dir };
         let out = script(prefix).arg("up").arg(&cp.dir).output().unwrap();
         checked("cluster.sh up", out);
         cp

@@ -365,6 +365,18 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Panics, with its log, if the daemon has exited: a test that waits for it
+    /// to serve should say that it died, not that it waited.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "kube-nft exited ({status}) while the test waited on it; its log ({}):\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

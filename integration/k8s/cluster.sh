@@ -225,14 +225,18 @@ deploy_manifests() {
 # ConfigMap as its config, KUBERNETES_SERVICE_HOST/PORT naming the API server,
 # and a token of its ServiceAccount with the cluster's CA where client
 # libraries look for them (a tmpfs on /run in a mount namespace of its own).
+# Each call writes its files in a directory of its own, as each pod gets its
+# own projected volume: nodes started at once must not share a file.
 daemonset_run() {
   local dir=$1 node=$2 node_name=$3; shift 3
-  local sa=$dir/serviceaccount
-  mkdir -p "$sa"
+  local pod_dir
+  pod_dir=$(mktemp -d "$dir/daemonset-$node_name.XXXXXX")
+  local sa=$pod_dir/serviceaccount
+  mkdir "$sa"
   kubectl create token kube-nft -n kube-system --duration 1h >"$sa/token"
   cp "$CA" "$sa/ca.crt"
   echo kube-system >"$sa/namespace"
-  kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$dir/config.conf"
+  kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$pod_dir/config.conf"
   # exec: the caller's process becomes kube-nft, so that stopping it stops kube-nft.
   exec ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
     unshare --mount --propagation private sh -c '
@@ -240,7 +244,7 @@ daemonset_run() {
       mkdir -p /run/secrets/kubernetes.io &&
       cp -r "$1" /run/secrets/kubernetes.io/serviceaccount &&
       shift && exec "$@"' sh "$sa" \
-    "$kube_nft" run --config="$dir/config.conf" --hostname-override="$node_name" "$@"
+    "$kube_nft" run --config="$pod_dir/config.conf" --hostname-override="$node_name" "$@"
 }
 
 # Wires a node's namespace to the fabric at this address (a /24 beside the API
