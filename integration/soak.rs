@@ -438,13 +438,25 @@ fn flat(samples: &[(u64, usize)], warm_up: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// What one UDP flow saw: how many questions it sent, how many answers came,
+/// and the longest time it went without an answer.
+#[derive(Debug, Clone)]
+struct UdpFlow {
+    vip: SocketAddr,
+    asked: usize,
+    answered: usize,
+    longest_silence: Duration,
+}
+
 /// Keeps one connected UDP socket per ClusterIP asking every 200 ms, as a
-/// client whose flow outlives an endpoint would.
+/// client whose flow outlives an endpoint would. Both pods stay up through the
+/// churn, so every question should be answered: by the endpoint the flow was
+/// sent to, or, once its conntrack entry is cleaned, by one its Service still has.
 fn keep_asking(
     ns: &str,
     vips: Vec<SocketAddr>,
     stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<usize> {
+) -> std::thread::JoinHandle<Vec<UdpFlow>> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
         kube_nft::netns::in_netns(&ns, move || {
@@ -453,22 +465,37 @@ fn keep_asking(
                 .map(|vip| {
                     let s = UdpSocket::bind("0.0.0.0:0").unwrap();
                     s.connect(vip).unwrap();
-                    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                    // A late answer is read by the next question instead.
+                    s.set_read_timeout(Some(Duration::from_millis(100)))
+                        .unwrap();
                     s
                 })
                 .collect();
-            let mut answered = 0;
+            let started = Instant::now();
+            let mut flows: Vec<UdpFlow> = vips
+                .iter()
+                .map(|&vip| UdpFlow {
+                    vip,
+                    asked: 0,
+                    answered: 0,
+                    longest_silence: Duration::ZERO,
+                })
+                .collect();
+            let mut last_answer = vec![started; socks.len()];
             let mut buf = [0u8; 512];
             while !stop.load(Ordering::Relaxed) {
-                for s in &socks {
+                for ((s, flow), last) in socks.iter().zip(&mut flows).zip(&mut last_answer) {
                     let _ = s.send(b"who are you?");
+                    flow.asked += 1;
                     if s.recv(&mut buf).is_ok() {
-                        answered += 1;
+                        flow.answered += 1;
+                        *last = Instant::now();
                     }
+                    flow.longest_silence = flow.longest_silence.max(last.elapsed());
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
-            answered
+            flows
         })
         .unwrap()
     })
@@ -539,17 +566,44 @@ fn a_churn_soak_at_1k_services_fails_no_connection_and_leaves_the_kernel_as_desi
     let flows = udp_flows(c.node());
     stop.store(true, Ordering::Relaxed);
     let (answered, failed) = tcp_client.join().unwrap();
-    let udp_answered = udp_client.join().unwrap();
+    let udp_flows_seen = udp_client.join().unwrap();
     let samples = sampler.join().unwrap();
+    let (asked, udp_answered) = udp_flows_seen
+        .iter()
+        .fold((0, 0), |(q, a), f| (q + f.asked, a + f.answered));
+    let longest = udp_flows_seen
+        .iter()
+        .map(|f| f.longest_silence)
+        .max()
+        .unwrap_or_default();
     println!(
-        "changes: {:?}; settled {settled:?} after the last; {answered} connections answered, {} failed; {udp_answered} UDP answers",
+        "changes: {:?}; settled {settled:?} after the last; {answered} connections answered, {} failed; UDP: {udp_answered} of {asked} questions answered over {} flows, the longest silence {longest:?}",
         changes.0,
-        failed.len()
+        failed.len(),
+        udp_flows_seen.len()
     );
     println!("RSS (KiB) and open fds every {every:?}: {samples:?}");
 
     assert!(failed.is_empty(), "connections to web failed: {failed:?}");
     assert!(answered > 100, "{answered}");
+    // Both pods serve throughout: a question goes unanswered only when its flow's
+    // conntrack entry is cleaned between the question and its answer, or when the
+    // answer takes over 100 ms. A flow that the churn broke goes silent for good.
+    for f in &udp_flows_seen {
+        assert!(
+            f.asked >= 10 && f.answered * 100 >= f.asked * 95,
+            "UDP flow to {}: {} of {} questions answered\n{udp_flows_seen:?}",
+            f.vip,
+            f.answered,
+            f.asked
+        );
+        assert!(
+            f.longest_silence < Duration::from_secs(2),
+            "UDP flow to {} went {:?} without an answer\n{udp_flows_seen:?}",
+            f.vip,
+            f.longest_silence
+        );
+    }
     assert!(
         changes.0.get("udp endpoints").copied().unwrap_or(0) > 10,
         "{changes:?}"

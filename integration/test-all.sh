@@ -2,26 +2,90 @@
 # Every check kube-nft has, on a fresh machine, as root: installs what is missing,
 # then formatting, clippy, unit tests, nft parity, real-packet tests in network namespaces
 # the tests create and remove, a real control plane, the fuzz targets briefly, and the
-# 6.1 guest. Ends with one line: "N passed, N failed".
+# 6.1 guest. Ends with one line, "total: N passed, N failed", whatever failed: a step
+# that is not a test (an install, a build, fmt, clippy, a leftover) counts as one
+# failed test, by name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "the tests create network namespaces: run them as root" >&2; exit 1; }
+
+log=$(mktemp)
+failed_steps=()
+# The closing line, also when a step stops the script (set -e): one line over
+# every test binary's "test result:" line, host and guest, the fuzz targets and
+# the failed steps. The total never says 0 failed when the run failed.
+finish() {
+  local status=$?
+  ((${#failed_steps[@]} == 0)) || status=1
+  awk -v status="$status" -v steps="${#failed_steps[@]}" '
+     /^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     /^fuzz [a-z_]+: ok/ { p++ } /^fuzz [a-z_]+: FAILED/ { f++ }
+     END { f += steps
+           if (status != 0 && f == 0) { print "\nthe run stopped outside the tests (see above): counted as 1 failed"; f = 1 }
+           printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
+  ((${#failed_steps[@]} == 0)) || printf 'failed steps: %s\n' "${failed_steps[*]}"
+  rm -f "$log"
+  exit "$status"
+}
+trap finish EXIT
+
+# Runs a step that is not a test binary; a failure is recorded and the run goes on.
+step() {
+  local name=$1
+  shift
+  "$@" || { echo "step failed: $name" >&2; failed_steps+=("$name"); }
+}
+
 source integration/install-deps.sh
 
 # Kubernetes' own components for integration/cluster.rs, built from their Go
 # modules when missing (cached outside the checkout; several minutes the first time).
 bash integration/k8s/build.sh >/dev/null
 
-cargo fmt --check
-cargo clippy --all-targets --quiet -- -D warnings
+step "cargo fmt" cargo fmt --check
+step "cargo clippy" cargo clippy --all-targets --quiet -- -D warnings
 # The fuzz crate is a package of its own (it links libFuzzer).
-(cd integration/fuzz && cargo fmt --check &&
-  CARGO_TARGET_DIR=/var/cache/kube-nft/fuzz-check cargo clippy --bins --quiet -- -D warnings)
+step "fuzz crate fmt and clippy" bash -c 'cd integration/fuzz && cargo fmt --check &&
+  CARGO_TARGET_DIR=/var/cache/kube-nft/fuzz-check cargo clippy --bins --quiet -- -D warnings'
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# Every test names its namespaces kt<pid>-…, after its own process. A namespace
+# whose process has ended was left behind; one whose process still runs belongs
+# to a run going on beside this one, and is not this run's to judge.
+left_namespaces() {
+  local ns
+  for ns in $(ip netns list | awk '{ print $1 }'); do
+    [[ $ns =~ ^kt([0-9]+)- ]] || continue
+    [ -d "/proc/${BASH_REMATCH[1]}" ] || echo "$ns"
+  done
+}
+# What the tests start (a process name is cut at 15 characters:
+# kube-controller-manager is "kube-controller"), still running in a network
+# namespace other than the host's that no running test owns.
+own_net=$(readlink /proc/$$/ns/net)
+left_processes() {
+  local comm pid net ns owner
+  for comm in /proc/[0-9]*/comm; do
+    pid=${comm#/proc/}
+    pid=${pid%/comm}
+    [[ $(cat "$comm" 2>/dev/null) =~ ^(etcd|kube-apiserver|kube-controller|kube-nft|kube-proxy)$ ]] || continue
+    net=$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null) || continue
+    [ "$(readlink "/proc/$pid/ns/net")" != "$own_net" ] || continue
+    owner=
+    for ns in /run/netns/kt*; do
+      [ -e "$ns" ] && [ "$(stat -L -c %i "$ns")" = "$net" ] && owner=${ns#/run/netns/}
+    done
+    [[ $owner =~ ^kt([0-9]+)- ]] && [ -d "/proc/${BASH_REMATCH[1]}" ] && continue
+    echo "$(cat "/proc/$pid/comm" 2>/dev/null) ($pid, netns ${owner:-unnamed})"
+  done
+}
+# An earlier run's leftovers are that run's failure, not this one's.
+namespaces_before=$(left_namespaces)
+processes_before=$(left_processes)
+[ -z "$namespaces_before$processes_before" ] ||
+  echo "left by an earlier run (not counted here): $namespaces_before $processes_before" >&2
+
 status=0
-cargo test --no-fail-fast 2>&1 | tee "$log" || status=$?
+cargo test --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 # Every fuzz target for 15 s from its seeds (a longer run: integration/fuzz/run.sh
 # SECONDS). Each "fuzz TARGET: ok/FAILED" line counts as a test.
 bash integration/fuzz/run.sh 15 2>&1 | tee -a "$log" || status=$?
@@ -29,16 +93,11 @@ bash integration/fuzz/run.sh 15 2>&1 | tee -a "$log" || status=$?
 # (this kernel has no IPVS). Its lines start with "guest: ".
 bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
 
-leftover=$(ip netns list | grep -E '^kt[0-9]+-' || true)
-if [ -n "$leftover" ]; then
-  echo "tests left network namespaces behind: $leftover" >&2
-  status=1
-fi
-# One closing line over every test binary's "test result:" line, host and guest.
-# A run that failed without a failed test (a step that is not a test) still
-# closes on a failure: the total never says 0 failed when the run failed.
-awk -v status="$status" '/^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     /^fuzz [a-z_]+: ok/ { p++ } /^fuzz [a-z_]+: FAILED/ { f++ }
-     END { if (status != 0 && f == 0) { print "\nthe run failed outside the tests (see above): counted as 1 failed"; f = 1 }
-           printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
+# Nothing the tests made may outlive them: their network namespaces (the
+# control planes' included) and their processes.
+only_new() { comm -13 <(sort <<<"$1") <(sort <<<"$2") | grep -v '^$' || true; }
+leftover=$(only_new "$namespaces_before" "$(left_namespaces)")
+[ -z "$leftover" ] || { echo "tests left network namespaces behind:" $leftover >&2; failed_steps+=("leftover namespaces"); }
+leftover=$(only_new "$processes_before" "$(left_processes)")
+[ -z "$leftover" ] || { echo "tests left processes running:" $leftover >&2; failed_steps+=("leftover processes"); }
 exit "$status"

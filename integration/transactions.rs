@@ -123,3 +123,35 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
         );
     }
 }
+
+/// The benchmark against kube-proxy times a removal to the transaction that
+/// carries it: a transaction of the same writer that deletes something else, or
+/// adds, does not stop the clock; the one that deletes an element holding the
+/// removed address does.
+#[test]
+fn a_removal_is_seen_in_the_transaction_that_deletes_it_not_an_earlier_one() {
+    require_root();
+    let ns = kube_nft::netns::Netns::create(&unique("mondel")).unwrap();
+    let nft = |cmd: &str| exec_in(&ns.name, &["nft", cmd]);
+    nft("add table ip t; add set ip t s { type ipv4_addr; }; add element ip t s { 10.1.2.3, 10.9.9.9 }");
+    let mut monitor = in_netns(&ns.name, kube_nft::netlink::monitor::Monitor::open)
+        .unwrap()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let seen = monitor.next_commit_deleting(&[10, 1, 2, 3]);
+        let _ = tx.send(seen.map_err(|e| e.to_string()));
+    });
+    nft("add element ip t s { 10.5.5.5 }");
+    nft("delete element ip t s { 10.9.9.9 }");
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(500))
+            .is_err(),
+        "the monitor stopped at a transaction that did not delete 10.1.2.3"
+    );
+    nft("delete element ip t s { 10.1.2.3 }");
+    let seen = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the deletion of 10.1.2.3 was not seen");
+    assert_eq!(seen, Ok(true));
+}

@@ -747,9 +747,9 @@ fn bench(args: BenchArgs) -> Result<(), String> {
             "seconds",
             &[
                 chart::Series {
-                    name: "kube-nft (netlink)".into(),
+                    name: "kube-nft (netlink), a process".into(),
                     color: "#1f77b4",
-                    points: per_ten(&|r| Some(r.cold_ms)),
+                    points: per_ten(&|r| Some(r.cold_process_ms)),
                 },
                 chart::Series {
                     name: "nft -f, same rules".into(),
@@ -757,7 +757,7 @@ fn bench(args: BenchArgs) -> Result<(), String> {
                     points: per_ten(&|r| Some(r.nft_f_ms)),
                 },
                 chart::Series {
-                    name: "kube-proxy 1.36 shape".into(),
+                    name: "a numgen map per Service (nft -f)".into(),
                     color: "#d62728",
                     points: per_ten(&|r| r.kube_proxy_shape_ms),
                 },

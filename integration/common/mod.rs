@@ -29,9 +29,12 @@ pub fn require_root() {
     );
 }
 
-/// A name unique to this test in this process, short enough for namespace names.
+/// A name unique to this test in this process: `kt<pid>-<tag>`. Two test
+/// binaries, or two runs, never share one; the test command's leftover check
+/// reads the pid back, to tell a namespace left behind by a test process that
+/// has ended from one that a concurrent run still uses.
 pub fn unique(tag: &str) -> String {
-    format!("kt{}-{tag}", std::process::id() % 100_000)
+    format!("kt{}-{tag}", std::process::id())
 }
 
 /// A scratch directory removed on drop.

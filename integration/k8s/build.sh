@@ -18,6 +18,11 @@ cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version
 components=(kube-apiserver kube-controller-manager kube-proxy kubectl)
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
 
+# Two runs at once (two checkouts, a test and a bench) build one after the other:
+# the second finds the binaries the first built.
+mkdir -p "$cache"
+exec {lock}>"$cache/.lock"
+flock "$lock"
 missing=()
 for c in "${components[@]}"; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
 if ((${#missing[@]} == 0)); then

@@ -85,11 +85,12 @@ network() {
   ns_exec "$fabric" ip link add br0 type bridge
   ns_exec "$fabric" ip link set br0 up
   ns_exec "$fabric" ip link set lo up
-  ip link add "${prefix}-cp0" netns "$cp_ns" type veth peer name cp netns "$fabric"
+  # Each end is made in its namespace, so its name needs to be unique only there.
+  ip link add fabric0 netns "$cp_ns" type veth peer name cp netns "$fabric"
   ns_exec "$fabric" ip link set cp master br0 up
   ns_exec "$cp_ns" ip link set lo up
-  ns_exec "$cp_ns" ip addr add "$cp_ip/24" dev "${prefix}-cp0"
-  ns_exec "$cp_ns" ip link set "${prefix}-cp0" up
+  ns_exec "$cp_ns" ip addr add "$cp_ip/24" dev fabric0
+  ns_exec "$cp_ns" ip link set fabric0 up
 }
 
 start_controllers() {
@@ -252,11 +253,11 @@ daemonset_run() {
 join() {
   local node=$1 ip=$2
   local n=${ip##*.}
-  ip link add "${prefix}-n${n}" netns "$node" type veth peer name "n${n}" netns "$FABRIC_NETNS"
+  ip link add fabric0 netns "$node" type veth peer name "n${n}" netns "$FABRIC_NETNS"
   ns_exec "$FABRIC_NETNS" ip link set "n${n}" master br0 up
   ns_exec "$node" ip link set lo up
-  ns_exec "$node" ip addr add "$ip/24" dev "${prefix}-n${n}"
-  ns_exec "$node" ip link set "${prefix}-n${n}" up
+  ns_exec "$node" ip addr add "$ip/24" dev fabric0
+  ns_exec "$node" ip link set fabric0 up
 }
 
 # Registers a Node as its kubelet would: its address, its pod CIDR, Ready. The

@@ -10,6 +10,10 @@ command -v debootstrap >/dev/null || {
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 }
+# Two runs at once build one after the other: the second finds the chroots made.
+mkdir -p "$root"
+exec {lock}>"$root/.lock"
+flock "$lock"
 for suite in bullseye trixie; do
   dir=$root/$suite
   [ -x "$dir/usr/sbin/nft" ] && continue

@@ -19,7 +19,8 @@ run_suite() {
   echo "guest: === $1 ==="
   # The test binary's output as it comes, prefixed so that the host can tell it
   # from the kernel's; ash has no PIPESTATUS, so the status goes through a file.
-  { "$2" --include-ignored --test-threads=1 2>&1; echo $? >/tmp/rc; } | sed 's/^/guest: /'
+  # $3, if set, is a filter: only the tests whose names contain it.
+  { "$2" $3 --include-ignored --test-threads=1 2>&1; echo $? >/tmp/rc; } | sed 's/^/guest: /'
   [ "$(cat /tmp/rc)" = 0 ] || failed=1
 }
 

@@ -3,7 +3,10 @@
 # emulation: KVM does not work on the development and CI machines). That kernel
 # has IPVS, which the host's does not, and is the LTS many nodes run.
 #
-#   integration/vm/run.sh [SUITE...]     (default: ipvs dataplane features)
+#   integration/vm/run.sh [SUITE[:FILTER]...]
+#
+# (default: ipvs dataplane features, and daemon's ipvs_mode test, whose other
+# branch the host runs: it checks IPVS mode on a kernel with IPVS and without.)
 #
 # The guest is an initramfs: busybox, the host's ip/nft/conntrack/ipvsadm with
 # their libraries, the kernel's netfilter/IPVS/veth/dummy modules, and the test
@@ -17,7 +20,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root_dir=$PWD
 suites=("$@")
-((${#suites[@]})) || suites=(ipvs dataplane features)
+((${#suites[@]})) || suites=(ipvs dataplane features daemon:ipvs_mode_)
+# Each SUITE[:FILTER] names a test binary, and optionally the tests of it to run.
+binaries=()
+for s in "${suites[@]}"; do binaries+=("${s%%:*}"); done
 limit=${KUBE_NFT_VM_TIMEOUT:-900}
 
 work=$root_dir/target/vm
@@ -41,7 +47,7 @@ vmlinuz=$work/kernel/boot/vmlinuz-$kver
 # --- the test binaries, as cargo built them ---
 declare -A exe
 while IFS=$'\t' read -r name path; do exe[$name]=$path; done < <(
-  cargo test --no-run --message-format=json "${suites[@]/#/--test=}" 2>/dev/null |
+  cargo test --no-run --message-format=json "${binaries[@]/#/--test=}" 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -51,7 +57,7 @@ for line in sys.stdin:
 ')
 bin=$root_dir/target/debug/kube-nft
 [ -x "$bin" ] || cargo build --quiet
-for s in "${suites[@]}"; do
+for s in "${binaries[@]}"; do
   [ -n "${exe[$s]:-}" ] || { echo "vm: no test binary for suite $s" >&2; exit 1; }
 done
 
@@ -72,10 +78,10 @@ with_libs() {
   done
 }
 with_libs "$(command -v ip)" "$(command -v nft)" "$(command -v conntrack)" "$(command -v ipvsadm)" "$bin"
-for s in "${suites[@]}"; do with_libs "${exe[$s]}"; done
+for s in "${binaries[@]}"; do with_libs "${exe[$s]}"; done
 # Debug info is most of a test binary and the guest only needs symbols.
 strip --strip-debug "$stage$bin"
-for s in "${suites[@]}"; do strip --strip-debug "$stage${exe[$s]}"; done
+for s in "${binaries[@]}"; do strip --strip-debug "$stage${exe[$s]}"; done
 # The dynamic loader may be reached through /lib64.
 [ -e "$stage/lib64" ] || ln -s lib "$stage/lib64"
 for f in /etc/protocols /etc/services /etc/nsswitch.conf; do [ -f "$f" ] && cp "$f" "$stage/etc/"; done
@@ -95,7 +101,9 @@ busybox depmod -b "$stage" "$kver"
   echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/ RUST_BACKTRACE=1'
   cat "$root_dir/integration/vm/init.sh"
   for s in "${suites[@]}"; do
-    echo "run_suite $s '${exe[$s]}'"
+    b=${s%%:*}
+    f=${s#"$b"}
+    echo "run_suite $s '${exe[$b]}' '${f#:}'"
   done
   echo 'finish'
 } >"$stage/init"
@@ -126,15 +134,16 @@ if [ -z "$result" ]; then
   tail -40 "$log" >&2
   harness_failed "the guest never reported (qemu status $status; console above and in $log)"
 fi
-# A suite that printed no result did not run (its binary missing, a crash before
-# the harness): it counts as failed, by name, in test-all.sh's total.
+# A suite that printed no result, or whose result counts no test, did not run
+# (its binary missing, a crash before the harness, a filter that matches no
+# test): it counts as failed, by name, in test-all.sh's total.
 missing=0
 for s in "${suites[@]}"; do
   if ! awk -v s="$s" '$0 == "guest: === " s " ===" { in_s = 1; next }
        /^guest: === / { in_s = 0 }
-       in_s && /^guest: test result:/ { found = 1 }
+       in_s && /^guest: test result:/ && !/[^0-9]0 passed; 0 failed;/ { found = 1 }
        END { exit !found }' "$log"; then
-    echo "test result: FAILED. 0 passed; 1 failed; (integration/vm: suite $s printed no result: it did not run)"
+    echo "test result: FAILED. 0 passed; 1 failed; (integration/vm: suite $s ran no test)"
     missing=1
   fi
 done

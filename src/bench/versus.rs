@@ -365,13 +365,13 @@ fn measure(
     let mut delete = Vec::new();
     for r in 0..opts.runs {
         let i = first + r;
-        let fewer = &addresses(i, false, opts.node_ip)[1..];
-        endpoint.push(to_kernel(|| {
-            runtime.block_on(set_endpoints(&slices, i, fewer))
+        let all = addresses(i, false, opts.node_ip);
+        endpoint.push(to_kernel(all[0], || {
+            runtime.block_on(set_endpoints(&slices, i, &all[1..]))
         })?);
         std::thread::sleep(SPACING);
         let j = first + opts.runs + r;
-        delete.push(to_kernel(|| {
+        delete.push(to_kernel(vip(j), || {
             runtime
                 .block_on(services.delete(&service_name(j), &DeleteParams::default()))
                 .map(|_| ())
@@ -459,24 +459,31 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
 
-/// Seconds from just before `change` (an API request) to the first nf_tables
-/// transaction the kernel reports in this namespace.
-fn to_kernel(change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+/// Seconds from just before `change` (an API request) to the commit of the
+/// nf_tables transaction that carries it: the first that deletes a rule, set
+/// element or chain holding `removed` (the endpoint's or the ClusterIP's address).
+/// A transaction that the proxy commits for another reason does not stop the clock.
+fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
     let mut monitor = Monitor::open().map_err(|e| format!("nf_tables monitor: {e}"))?;
+    let needle = match removed {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let seen = monitor.next_foreign_change(|_| true, 0);
-        let _ = tx.send((Instant::now(), seen.is_ok()));
+        let seen = monitor.next_commit_deleting(&needle);
+        let _ = tx.send((Instant::now(), seen));
     });
     let t0 = Instant::now();
     change()?;
-    let (t1, ok) = rx
+    let (t1, seen) = rx
         .recv_timeout(Duration::from_secs(120))
-        .map_err(|_| "no nf_tables transaction within 120 s".to_string())?;
-    if !ok {
-        return Err("the nf_tables monitor failed".into());
+        .map_err(|_| format!("no nf_tables transaction removed {removed} within 120 s"))?;
+    match seen {
+        Ok(true) => Ok((t1 - t0).as_secs_f64()),
+        Ok(false) => Err("the nf_tables monitor lost notifications".into()),
+        Err(e) => Err(format!("the nf_tables monitor failed: {e}")),
     }
-    Ok((t1 - t0).as_secs_f64())
 }
 
 /// Milliseconds under a second, seconds above.

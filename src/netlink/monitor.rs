@@ -9,6 +9,9 @@ use std::io;
 /// The nf_tables multicast group.
 const NFNLGRP_NFTABLES: u32 = 7;
 const NFT_MSG_NEWGEN: u16 = 15;
+/// DELTABLE, DELCHAIN, DELRULE, DELSET, DELSETELEM, DELOBJ, DELFLOWTABLE: the
+/// kernel notifies a flush or a destroy as these too.
+const DELETIONS: [u16; 7] = [2, 5, 8, 11, 14, 20, 24];
 const NFTA_GEN_PROC_PID: u16 = 2;
 const NLMSG_HDRLEN: usize = 16;
 const ENOBUFS: i32 = 105;
@@ -46,10 +49,60 @@ impl Monitor {
         own_pid: u32,
     ) -> io::Result<Change> {
         let mut touched = false;
+        self.next_commit(Change::Lost, |kind, attrs| {
+            if kind == NFT_MSG_NEWGEN {
+                let pid = Attrs::new(attrs)
+                    .flatten()
+                    .find(|(k, _)| *k == NFTA_GEN_PROC_PID)
+                    .and_then(|(k, p)| Payload::new("gen", k, p).u32().ok())
+                    .unwrap_or(0);
+                if touched && pid != own_pid {
+                    return Some(Change::Foreign { pid });
+                }
+                touched = false;
+            } else if Attrs::new(attrs).flatten().any(|(k, p)| {
+                k == 1
+                    && Payload::new("object", k, p)
+                        .string()
+                        .is_ok_and(|n| watched(&n))
+            }) {
+                touched = true;
+            }
+            None
+        })
+    }
+
+    /// Blocks until a committed transaction, of any process, deleted an object
+    /// whose notification holds `needle` (an address's four bytes, say): a rule, a
+    /// set element, a chain. That is when a removal reached the kernel, whatever
+    /// else the writer committed before it. False if notifications were lost.
+    pub fn next_commit_deleting(&mut self, needle: &[u8]) -> io::Result<bool> {
+        let mut deleted = false;
+        self.next_commit(false, |kind, attrs| {
+            if kind == NFT_MSG_NEWGEN {
+                if deleted {
+                    return Some(true);
+                }
+            } else if DELETIONS.contains(&kind) && attrs.windows(needle.len()).any(|w| w == needle)
+            {
+                deleted = true;
+            }
+            None
+        })
+    }
+
+    /// Feeds every nf_tables notification (its type, and its attributes after the
+    /// nfgenmsg) to `seen` until it returns an answer. A socket that overflowed
+    /// answers `lost`: what happened is unknown.
+    fn next_commit<T>(
+        &mut self,
+        lost: T,
+        mut seen: impl FnMut(u16, &[u8]) -> Option<T>,
+    ) -> io::Result<T> {
         loop {
             let (buf, _) = match self.sock.recv_from_full() {
                 Ok(x) => x,
-                Err(e) if e.raw_os_error() == Some(ENOBUFS) => return Ok(Change::Lost),
+                Err(e) if e.raw_os_error() == Some(ENOBUFS) => return Ok(lost),
                 Err(e) => return Err(e),
             };
             let mut rest = buf.as_slice();
@@ -61,23 +114,8 @@ impl Monitor {
                 let kind = u16::from_ne_bytes([rest[4], rest[5]]) & 0xff;
                 // Skip the nfgenmsg; every object message names its table in attribute 1.
                 let attrs = rest.get(NLMSG_HDRLEN + 4..len).unwrap_or_default();
-                if kind == NFT_MSG_NEWGEN {
-                    let pid = Attrs::new(attrs)
-                        .flatten()
-                        .find(|(k, _)| *k == NFTA_GEN_PROC_PID)
-                        .and_then(|(k, p)| Payload::new("gen", k, p).u32().ok())
-                        .unwrap_or(0);
-                    if touched && pid != own_pid {
-                        return Ok(Change::Foreign { pid });
-                    }
-                    touched = false;
-                } else if Attrs::new(attrs).flatten().any(|(k, p)| {
-                    k == 1
-                        && Payload::new("object", k, p)
-                            .string()
-                            .is_ok_and(|n| watched(&n))
-                }) {
-                    touched = true;
+                if let Some(change) = seen(kind, attrs) {
+                    return Ok(change);
                 }
                 rest = &rest[super::attr::align4(len).min(rest.len())..];
             }
