@@ -134,24 +134,40 @@ fn a_removal_is_seen_in_the_transaction_that_deletes_it_not_an_earlier_one() {
     let ns = kube_nft::netns::Netns::create(&unique("mondel")).unwrap();
     let nft = |cmd: &str| exec_in(&ns.name, &["nft", cmd]);
     nft("add table ip t; add set ip t s { type ipv4_addr; }; add element ip t s { 10.1.2.3, 10.9.9.9 }");
+    // kube-proxy's shape: a chain per endpoint, named after it, flushed when the
+    // endpoint goes. One named after a longer address must not count.
+    nft("add chain ip t endpoint-x__10.1.2.30/80; add rule ip t endpoint-x__10.1.2.30/80 meta l4proto tcp dnat ip to 10.1.2.30:80");
+    nft("add chain ip t endpoint-y__10.1.2.3/80; add rule ip t endpoint-y__10.1.2.3/80 meta l4proto tcp dnat ip to 10.1.2.3:80");
     let mut monitor = in_netns(&ns.name, kube_nft::netlink::monitor::Monitor::open)
         .unwrap()
         .unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let seen = monitor.next_commit_deleting(&[10, 1, 2, 3]);
+        let seen = monitor.next_commit_deleting("10.1.2.3".parse().unwrap());
         let _ = tx.send(seen.map_err(|e| e.to_string()));
     });
     nft("add element ip t s { 10.5.5.5 }");
     nft("delete element ip t s { 10.9.9.9 }");
+    nft("flush chain ip t endpoint-x__10.1.2.30/80");
     assert!(
         rx.recv_timeout(std::time::Duration::from_millis(500))
             .is_err(),
         "the monitor stopped at a transaction that did not delete 10.1.2.3"
     );
-    nft("delete element ip t s { 10.1.2.3 }");
+    nft("flush chain ip t endpoint-y__10.1.2.3/80");
     let seen = rx
         .recv_timeout(std::time::Duration::from_secs(5))
-        .expect("the deletion of 10.1.2.3 was not seen");
+        .expect("the flush of 10.1.2.3's chain was not seen");
     assert_eq!(seen, Ok(true));
+    // And an element holding its bytes.
+    let mut monitor = in_netns(&ns.name, kube_nft::netlink::monitor::Monitor::open)
+        .unwrap()
+        .unwrap();
+    let deleting = std::thread::spawn(move || {
+        monitor
+            .next_commit_deleting("10.1.2.3".parse().unwrap())
+            .map_err(|e| e.to_string())
+    });
+    nft("delete element ip t s { 10.1.2.3 }");
+    assert_eq!(deleting.join().unwrap(), Ok(true));
 }

@@ -130,7 +130,8 @@ struct BenchArgs {
     /// Runs per measurement; medians are reported.
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// Largest cluster loaded with kube-proxy 1.36's rule shape (quadratic: ~12 s at 10k).
+    /// Largest cluster loaded with an anonymous `numgen` map per Service, the
+    /// quadratic part of kube-proxy 1.36's rules (~12 s at 10k).
     #[arg(long, default_value_t = 10_000)]
     kube_proxy_shape_max: usize,
     /// Services programmed in the data-plane runs.
@@ -148,7 +149,7 @@ struct BenchArgs {
     #[arg(long, default_value = "kn-bench")]
     /// Namespace names' prefix, so that two benchmarks on one machine do not collide.
     prefix: String,
-    /// Largest cluster whose ruleset (ours and kube-proxy's shape) is listed and
+    /// Largest cluster whose ruleset (ours and the `numgen`-map shape) is listed and
     /// monitored with `nft` (ours lists in ~11 s at 30k).
     #[arg(long, default_value_t = 30_000)]
     operator_max: usize,

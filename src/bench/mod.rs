@@ -330,7 +330,7 @@ pub struct ControlResult {
     pub service_add_bytes: usize,
     pub service_delete_ms: f64,
     pub service_delete_bytes: usize,
-    /// Listing and monitoring our ruleset, and kube-proxy's shape of it.
+    /// Listing and monitoring our ruleset, and the `numgen`-map shape of it.
     pub ours_view: Option<operator::OperatorView>,
     pub kube_proxy_view: Option<operator::OperatorView>,
 }
@@ -338,7 +338,7 @@ pub struct ControlResult {
 pub struct BenchOptions {
     pub sizes: Vec<(usize, usize)>,
     pub runs: usize,
-    /// The largest cluster for which kube-proxy's shape is loaded (it is quadratic).
+    /// The largest cluster for which the `numgen`-map shape is loaded (it is quadratic).
     pub kube_proxy_shape_max: usize,
     /// The largest cluster whose ruleset is listed and monitored with `nft`.
     pub operator_max: usize,
@@ -387,7 +387,7 @@ pub fn control_plane(
             .map(|r| time_nft_file(&tag("kp", r), &kp))
             .collect::<Result<_, _>>()?;
         let view = if operator {
-            eprintln!("  listing and monitoring kube-proxy's shape with nft…");
+            eprintln!("  listing and monitoring the numgen-map shape with nft…");
             Some(operator::operator_view(&tag("lsk", 0), &kp)?)
         } else {
             None

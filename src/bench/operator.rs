@@ -135,10 +135,11 @@ fn fmt_monitor(v: &OperatorView) -> String {
         .unwrap_or_else(|| format!("not within {} s", MONITOR_LIMIT.as_secs()))
 }
 
-/// The operator's table: ours beside kube-proxy's shape, with ratios.
+/// The operator's table: ours beside an anonymous `numgen` map per Service
+/// (kube-proxy 1.36's dispatch, simplified), with ratios.
 pub fn operator_table(rows: &[(usize, usize, OperatorView, Option<OperatorView>)]) -> String {
     let mut out = String::from(
-        "| Services × endpoints | `nft list ruleset` | vs kube-proxy's shape | lines, bytes | kube-proxy's shape: list, lines, bytes | `nft monitor` ready | kube-proxy's shape: monitor ready |\n|---|---|---|---|---|---|---|\n",
+        "| Services × endpoints | `nft list ruleset` | vs a `numgen` map per Service | lines, bytes | a `numgen` map per Service: list, lines, bytes | `nft monitor` ready | a `numgen` map per Service: monitor ready |\n|---|---|---|---|---|---|---|\n",
     );
     for (services, endpoints, ours, kp) in rows {
         let (ratio, kp_list, kp_monitor) = match kp {

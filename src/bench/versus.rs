@@ -460,18 +460,15 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
 }
 
 /// Seconds from just before `change` (an API request) to the commit of the
-/// nf_tables transaction that carries it: the first that deletes a rule, set
-/// element or chain holding `removed` (the endpoint's or the ClusterIP's address).
+/// nf_tables transaction that carries it: the first that deletes a set element
+/// holding `removed` (the endpoint's or the ClusterIP's address), or a rule of a
+/// chain named after it (kube-proxy's endpoint chains).
 /// A transaction that the proxy commits for another reason does not stop the clock.
 fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
     let mut monitor = Monitor::open().map_err(|e| format!("nf_tables monitor: {e}"))?;
-    let needle = match removed {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    };
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let seen = monitor.next_commit_deleting(&needle);
+        let seen = monitor.next_commit_deleting(removed);
         let _ = tx.send((Instant::now(), seen));
     });
     let t0 = Instant::now();

@@ -5,6 +5,7 @@
 use super::attr::{Attrs, Payload};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::io;
+use std::net::IpAddr;
 
 /// The nf_tables multicast group.
 const NFNLGRP_NFTABLES: u32 = 7;
@@ -73,17 +74,26 @@ impl Monitor {
     }
 
     /// Blocks until a committed transaction, of any process, deleted an object
-    /// whose notification holds `needle` (an address's four bytes, say): a rule, a
-    /// set element, a chain. That is when a removal reached the kernel, whatever
-    /// else the writer committed before it. False if notifications were lost.
-    pub fn next_commit_deleting(&mut self, needle: &[u8]) -> io::Result<bool> {
+    /// whose notification holds `addr`: as its bytes (a set element's key or
+    /// data), or as text in a name (kube-proxy flushes a removed endpoint's chain,
+    /// `endpoint-…__10.0.0.7/80`; a deleted rule's notification names its chain
+    /// but holds no expressions). That is when a removal reached the kernel,
+    /// whatever else the writer committed before it. False if notifications
+    /// were lost.
+    pub fn next_commit_deleting(&mut self, addr: IpAddr) -> io::Result<bool> {
+        let (bytes, text) = match addr {
+            IpAddr::V4(a) => (a.octets().to_vec(), a.to_string()),
+            IpAddr::V6(a) => (a.octets().to_vec(), a.to_string()),
+        };
         let mut deleted = false;
         self.next_commit(false, |kind, attrs| {
             if kind == NFT_MSG_NEWGEN {
                 if deleted {
                     return Some(true);
                 }
-            } else if DELETIONS.contains(&kind) && attrs.windows(needle.len()).any(|w| w == needle)
+            } else if DELETIONS.contains(&kind)
+                && (attrs.windows(bytes.len()).any(|w| w == bytes)
+                    || holds_address_text(attrs, text.as_bytes()))
             {
                 deleted = true;
             }
@@ -120,5 +130,30 @@ impl Monitor {
                 rest = &rest[super::attr::align4(len).min(rest.len())..];
             }
         }
+    }
+}
+
+/// Whether `attrs` holds `text` (an address written out) as a whole: not as the
+/// start or the end of a longer address (10.0.0.1 in 10.0.0.10 or 110.0.0.1).
+fn holds_address_text(attrs: &[u8], text: &[u8]) -> bool {
+    let part =
+        |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_hexdigit() || *b == b'.' || *b == b':');
+    attrs.windows(text.len()).enumerate().any(|(i, w)| {
+        w == text
+            && !part(i.checked_sub(1).and_then(|j| attrs.get(j)))
+            && !part(attrs.get(i + text.len()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_address_text;
+
+    #[test]
+    fn an_address_in_a_name_is_found_whole_only() {
+        let name = b"endpoint-ABCD1234-ns/web/tcp/http__10.0.0.10/80";
+        assert!(holds_address_text(name, b"10.0.0.10"));
+        assert!(!holds_address_text(name, b"10.0.0.1"));
+        assert!(!holds_address_text(name, b"0.0.0.10"));
     }
 }
