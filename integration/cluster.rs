@@ -12,7 +12,6 @@ use common::control_plane::*;
 use common::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::Command;
 
 use std::time::Duration;
 
@@ -365,16 +364,17 @@ fn load(
 /// What the kernel counted in `ns` that tells a connection's SYN rejected or
 /// sent again.
 fn tcp_counters(ns: &str) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "nstat", "-az"])
-        .args([
+    let counters = exec_in(
+        ns,
+        &[
+            "nstat",
+            "-az",
             "TcpExtTCPSynRetrans",
             "TcpExtPAWSTimewait",
             "TcpExtListenDrops",
-        ])
-        .output()
-        .unwrap();
-    format!("{ns}: {}", String::from_utf8_lossy(&out.stdout))
+        ],
+    );
+    format!("{ns}: {counters}")
 }
 
 /// Scenarios 1, 2 and 4 of issue #17 on two nodes, each running kube-nft as the

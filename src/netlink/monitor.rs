@@ -81,10 +81,11 @@ impl Monitor {
     /// whatever else the writer committed before it. False if notifications
     /// were lost.
     pub fn next_commit_deleting(&mut self, addr: IpAddr) -> io::Result<bool> {
-        let (bytes, text) = match addr {
-            IpAddr::V4(a) => (a.octets().to_vec(), a.to_string()),
-            IpAddr::V6(a) => (a.octets().to_vec(), a.to_string()),
+        let bytes = match addr {
+            IpAddr::V4(a) => a.octets().to_vec(),
+            IpAddr::V6(a) => a.octets().to_vec(),
         };
+        let text = addr.to_string();
         let mut deleted = false;
         self.next_commit(false, |kind, attrs| {
             if kind == NFT_MSG_NEWGEN {
