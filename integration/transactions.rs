@@ -124,50 +124,66 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
     }
 }
 
-/// The benchmark against kube-proxy times a removal to the transaction that
-/// carries it: a transaction of the same writer that deletes something else, or
-/// adds, does not stop the clock; the one that deletes an element holding the
-/// removed address does.
+/// The benchmark against kube-proxy times a removal to the transaction after
+/// which no packet can reach the address: one that deletes something else, or
+/// adds, does not stop the clock; one that replaces a map so that the address's
+/// chain is no longer jumped to does, though the chain is still there; so does
+/// the deletion of an element.
 #[test]
-fn a_removal_is_seen_in_the_transaction_that_deletes_it_not_an_earlier_one() {
+fn a_removal_is_seen_at_the_commit_after_which_the_address_is_unreachable_not_an_earlier_one() {
+    use kube_nft::bench::reach::reaches;
     require_root();
     let ns = kube_nft::netns::Netns::create(&unique("mondel")).unwrap();
     let nft = |cmd: &str| exec_in(&ns.name, &["nft", cmd]);
-    nft("add table ip t; add set ip t s { type ipv4_addr; }; add element ip t s { 10.1.2.3, 10.9.9.9 }");
-    // kube-proxy's shape: a chain per endpoint, named after it, flushed when the
-    // endpoint goes. One named after a longer address must not count.
+    let gone = |addr: &str| {
+        let (addr, ns) = (addr.parse().unwrap(), ns.name.clone());
+        move || !reaches(&exec_in(&ns, &["nft", "list ruleset"]), addr)
+    };
+    // kube-proxy's shape: a chain per endpoint, named after it, that the
+    // Service's anonymous map jumps to; and a named set of addresses.
+    nft("add table ip t; add set ip t s { type ipv4_addr; }; add element ip t s { 10.9.9.9 }");
     nft("add chain ip t endpoint-x__10.1.2.30/80; add rule ip t endpoint-x__10.1.2.30/80 meta l4proto tcp dnat ip to 10.1.2.30:80");
     nft("add chain ip t endpoint-y__10.1.2.3/80; add rule ip t endpoint-y__10.1.2.3/80 meta l4proto tcp dnat ip to 10.1.2.3:80");
+    nft("add chain ip t nat { type nat hook prerouting priority dstnat; }");
+    nft("add rule ip t nat numgen random mod 2 vmap { 0 : goto endpoint-x__10.1.2.30/80, 1 : goto endpoint-y__10.1.2.3/80 }");
     let mut monitor = in_netns(&ns.name, kube_nft::netlink::monitor::Monitor::open)
         .unwrap()
         .unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let check = gone("10.1.2.3");
     std::thread::spawn(move || {
-        let seen = monitor.next_commit_deleting("10.1.2.3".parse().unwrap());
+        let seen = monitor.next_commit_after_which(check);
         let _ = tx.send(seen.map_err(|e| e.to_string()));
     });
     nft("add element ip t s { 10.5.5.5 }");
     nft("delete element ip t s { 10.9.9.9 }");
-    nft("flush chain ip t endpoint-x__10.1.2.30/80");
     assert!(
         rx.recv_timeout(std::time::Duration::from_millis(500))
             .is_err(),
-        "the monitor stopped at a transaction that did not delete 10.1.2.3"
+        "the monitor stopped at a transaction that left 10.1.2.3 reachable"
     );
-    nft("flush chain ip t endpoint-y__10.1.2.3/80");
+    // Replaced as kube-proxy replaces it: the endpoint's chain stays, unreferenced.
+    let before = std::time::Instant::now();
+    nft("flush chain ip t nat; add rule ip t nat numgen random mod 1 vmap { 0 : goto endpoint-x__10.1.2.30/80 }");
+    let after = std::time::Instant::now();
     let seen = rx
         .recv_timeout(std::time::Duration::from_secs(5))
-        .expect("the flush of 10.1.2.3's chain was not seen");
-    assert_eq!(seen, Ok(true));
-    // And an element holding its bytes.
+        .expect("the replaced map was not seen")
+        .unwrap()
+        .expect("notifications were lost");
+    assert!(before < seen, "the clock stopped before the commit");
+    assert!(seen.duration_since(after) < std::time::Duration::from_secs(1));
+    // An element of a named set.
     let mut monitor = in_netns(&ns.name, kube_nft::netlink::monitor::Monitor::open)
         .unwrap()
         .unwrap();
+    let check = gone("10.5.5.5");
     let deleting = std::thread::spawn(move || {
         monitor
-            .next_commit_deleting("10.1.2.3".parse().unwrap())
+            .next_commit_after_which(check)
+            .map(|seen| seen.is_some())
             .map_err(|e| e.to_string())
     });
-    nft("delete element ip t s { 10.1.2.3 }");
+    nft("delete element ip t s { 10.5.5.5 }");
     assert_eq!(deleting.join().unwrap(), Ok(true));
 }

@@ -18,6 +18,7 @@ pub mod apiserver;
 pub mod dataplane;
 pub mod operator;
 pub mod plot;
+pub mod reach;
 pub mod versus;
 
 use crate::core::model::{

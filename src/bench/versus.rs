@@ -20,6 +20,7 @@
 //!   every 10 ms until it says 200;
 //! - peak RSS of the process (VmHWM), before its restarts.
 
+use super::reach::reaches;
 use super::{endpoint_addr, median};
 use crate::netlink::monitor::Monitor;
 use futures_util::{stream, StreamExt, TryStreamExt};
@@ -365,9 +366,12 @@ fn measure(
     let mut delete = Vec::new();
     for r in 0..opts.runs {
         let i = first + r;
+        // The last endpoint goes: the first, 10.128.0.0, is also written as the
+        // cluster CIDR's network address, which never leaves the ruleset.
         let all = addresses(i, false, opts.node_ip);
-        endpoint.push(to_kernel(all[0], || {
-            runtime.block_on(set_endpoints(&slices, i, &all[1..]))
+        let (kept, gone) = all.split_at(all.len() - 1);
+        endpoint.push(to_kernel(gone[0], || {
+            runtime.block_on(set_endpoints(&slices, i, kept))
         })?);
         std::thread::sleep(SPACING);
         let j = first + opts.runs + r;
@@ -460,27 +464,48 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
 }
 
 /// Seconds from just before `change` (an API request) to the commit of the
-/// nf_tables transaction that carries it: the first that deletes a set element
-/// holding `removed` (the endpoint's or the ClusterIP's address), or a rule of a
-/// chain named after it (kube-proxy's endpoint chains).
+/// nf_tables transaction after which no packet can reach `removed` (the
+/// endpoint's or the ClusterIP's address): after each commit of any process the
+/// ruleset is listed and read (`reach::reaches`), the same way for both proxies.
 /// A transaction that the proxy commits for another reason does not stop the clock.
 fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+    if !reaches(&listing()?, removed) {
+        return Err(format!(
+            "{removed} is not in the ruleset before its removal"
+        ));
+    }
     let mut monitor = Monitor::open().map_err(|e| format!("nf_tables monitor: {e}"))?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let seen = monitor.next_commit_deleting(removed);
-        let _ = tx.send((Instant::now(), seen));
+        let gone = monitor
+            .next_commit_after_which(|| listing().is_ok_and(|listed| !reaches(&listed, removed)));
+        let _ = tx.send(gone);
     });
     let t0 = Instant::now();
     change()?;
-    let (t1, seen) = rx
+    let gone = rx
         .recv_timeout(Duration::from_secs(120))
-        .map_err(|_| format!("no nf_tables transaction removed {removed} within 120 s"))?;
-    match seen {
-        Ok(true) => Ok((t1 - t0).as_secs_f64()),
-        Ok(false) => Err("the nf_tables monitor lost notifications".into()),
+        .map_err(|_| format!("{removed} was still reachable 120 s after its removal"))?;
+    match gone {
+        Ok(Some(t1)) => Ok((t1 - t0).as_secs_f64()),
+        Ok(None) => Err("the nf_tables monitor lost notifications".into()),
         Err(e) => Err(format!("the nf_tables monitor failed: {e}")),
     }
+}
+
+/// `nft list ruleset` of this network namespace.
+fn listing() -> Result<String, String> {
+    let out = Command::new("nft")
+        .args(["list", "ruleset"])
+        .output()
+        .map_err(|e| format!("nft list ruleset: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft list ruleset: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| format!("nft list ruleset: {e}"))
 }
 
 /// Milliseconds under a second, seconds above.

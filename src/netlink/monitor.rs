@@ -5,14 +5,11 @@
 use super::attr::{Attrs, Payload};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::io;
-use std::net::IpAddr;
+use std::time::Instant;
 
 /// The nf_tables multicast group.
 const NFNLGRP_NFTABLES: u32 = 7;
 const NFT_MSG_NEWGEN: u16 = 15;
-/// DELTABLE, DELCHAIN, DELRULE, DELSET, DELSETELEM, DELOBJ, DELFLOWTABLE: the
-/// kernel notifies a flush or a destroy as these too.
-const DELETIONS: [u16; 7] = [2, 5, 8, 11, 14, 20, 24];
 const NFTA_GEN_PROC_PID: u16 = 2;
 const NLMSG_HDRLEN: usize = 16;
 const ENOBUFS: i32 = 105;
@@ -73,33 +70,38 @@ impl Monitor {
         })
     }
 
-    /// Blocks until a committed transaction, of any process, deleted an object
-    /// whose notification holds `addr`: as its bytes (a set element's key or
-    /// data), or as text in a name (kube-proxy flushes a removed endpoint's chain,
-    /// `endpoint-…__10.0.0.7/80`; a deleted rule's notification names its chain
-    /// but holds no expressions). That is when a removal reached the kernel,
-    /// whatever else the writer committed before it. False if notifications
-    /// were lost.
-    pub fn next_commit_deleting(&mut self, addr: IpAddr) -> io::Result<bool> {
-        let bytes = match addr {
-            IpAddr::V4(a) => a.octets().to_vec(),
-            IpAddr::V6(a) => a.octets().to_vec(),
-        };
-        let text = addr.to_string();
-        let mut deleted = false;
-        self.next_commit(false, |kind, attrs| {
-            if kind == NFT_MSG_NEWGEN {
-                if deleted {
-                    return Some(true);
-                }
-            } else if DELETIONS.contains(&kind)
-                && (attrs.windows(bytes.len()).any(|w| w == bytes)
-                    || holds_address_text(attrs, text.as_bytes()))
-            {
-                deleted = true;
+    /// Blocks until `holds` is true after a committed transaction of any
+    /// process, and answers when that commit was notified. `holds` reads the
+    /// kernel's state (lists the ruleset, say); if another commit was notified
+    /// while it read, the answer is the moment that was found, so it is never
+    /// early. None if notifications were lost.
+    pub fn next_commit_after_which(
+        &mut self,
+        mut holds: impl FnMut() -> bool,
+    ) -> io::Result<Option<Instant>> {
+        let seen = self.next_commit(None, |kind, _| {
+            if kind != NFT_MSG_NEWGEN {
+                return None;
             }
-            None
-        })
+            let at = Instant::now();
+            holds().then_some(Some(at))
+        })?;
+        let Some(mut at) = seen else { return Ok(None) };
+        self.sock.set_non_blocking(true)?;
+        let later = loop {
+            match self.sock.recv_from_full() {
+                Ok((buf, _)) if messages(&buf).any(|(k, _)| k == NFT_MSG_NEWGEN) => break Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
+                Err(e) if e.raw_os_error() == Some(ENOBUFS) => break Ok(true),
+                Err(e) => break Err(e),
+            }
+        };
+        self.sock.set_non_blocking(false)?;
+        if later? {
+            at = Instant::now();
+        }
+        Ok(Some(at))
     }
 
     /// Feeds every nf_tables notification (its type, and its attributes after the
@@ -116,45 +118,26 @@ impl Monitor {
                 Err(e) if e.raw_os_error() == Some(ENOBUFS) => return Ok(lost),
                 Err(e) => return Err(e),
             };
-            let mut rest = buf.as_slice();
-            while rest.len() >= NLMSG_HDRLEN {
-                let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-                if len < NLMSG_HDRLEN || len > rest.len() {
-                    break;
-                }
-                let kind = u16::from_ne_bytes([rest[4], rest[5]]) & 0xff;
-                // Skip the nfgenmsg; every object message names its table in attribute 1.
-                let attrs = rest.get(NLMSG_HDRLEN + 4..len).unwrap_or_default();
+            for (kind, attrs) in messages(&buf) {
                 if let Some(change) = seen(kind, attrs) {
                     return Ok(change);
                 }
-                rest = &rest[super::attr::align4(len).min(rest.len())..];
             }
         }
     }
 }
 
-/// Whether `attrs` holds `text` (an address written out) as a whole: not as the
-/// start or the end of a longer address (10.0.0.1 in 10.0.0.10 or 110.0.0.1).
-fn holds_address_text(attrs: &[u8], text: &[u8]) -> bool {
-    let part =
-        |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_hexdigit() || *b == b'.' || *b == b':');
-    attrs.windows(text.len()).enumerate().any(|(i, w)| {
-        w == text
-            && !part(i.checked_sub(1).and_then(|j| attrs.get(j)))
-            && !part(attrs.get(i + text.len()))
+/// The notifications of a datagram: each one's type, and its attributes after
+/// the nfgenmsg (every object message names its table in attribute 1).
+fn messages(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let len = u32::from_ne_bytes(rest.get(0..4)?.try_into().unwrap()) as usize;
+        if len < NLMSG_HDRLEN || len > rest.len() {
+            return None;
+        }
+        let kind = u16::from_ne_bytes([rest[4], rest[5]]) & 0xff;
+        let attrs = rest.get(NLMSG_HDRLEN + 4..len).unwrap_or_default();
+        rest = &rest[super::attr::align4(len).min(rest.len())..];
+        Some((kind, attrs))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::holds_address_text;
-
-    #[test]
-    fn an_address_in_a_name_is_found_whole_only() {
-        let name = b"endpoint-ABCD1234-ns/web/tcp/http__10.0.0.10/80";
-        assert!(holds_address_text(name, b"10.0.0.10"));
-        assert!(!holds_address_text(name, b"10.0.0.1"));
-        assert!(!holds_address_text(name, b"0.0.0.10"));
-    }
 }
