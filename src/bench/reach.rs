@@ -23,7 +23,6 @@ struct Block<'a> {
 /// stale endpoint chains) leads nowhere.
 pub fn reaches(listing: &str, addr: IpAddr) -> bool {
     let blocks = blocks(listing);
-    let text = addr.to_string();
     let mut live: HashSet<(&str, &str)> = HashSet::new();
     let mut next: Vec<(&str, &str)> = Vec::new();
     for b in &blocks {
@@ -47,7 +46,7 @@ pub fn reaches(listing: &str, addr: IpAddr) -> bool {
     blocks
         .iter()
         .filter(|b| b.chain.is_none_or(|name| live.contains(&(b.table, name))))
-        .any(|b| b.body.iter().any(|l| holds_address(l, &text)))
+        .any(|b| b.body.iter().any(|l| holds_address(l, addr)))
 }
 
 /// The blocks of a listing: a table opens at no indentation, its chains, sets
@@ -98,12 +97,19 @@ fn targets<'a>(lines: &'a [&'a str]) -> impl Iterator<Item = &'a str> + 'a {
     })
 }
 
-/// Whether `text` (an address written out) is in `line` as a whole: not as the
-/// start or the end of a longer address (10.0.0.1 in 10.0.0.10 or 110.0.0.1).
-fn holds_address(line: &str, text: &str) -> bool {
-    let part = |c: Option<u8>| c.is_some_and(|c| c.is_ascii_hexdigit() || c == b'.' || c == b':');
+/// Whether `addr` is written in `line` as a whole: not as the start or the end
+/// of a longer address (10.0.0.1 in 10.0.0.10 or 110.0.0.1). An IPv4 address
+/// may be followed by a port (`10.0.0.1:80`), an IPv6 one is then in brackets.
+fn holds_address(line: &str, addr: IpAddr) -> bool {
+    let text = addr.to_string();
+    let part = |c: Option<u8>| {
+        c.is_some_and(|c| match addr {
+            IpAddr::V4(_) => c.is_ascii_digit() || c == b'.',
+            IpAddr::V6(_) => c.is_ascii_hexdigit() || c == b'.' || c == b':',
+        })
+    };
     let bytes = line.as_bytes();
-    line.match_indices(text).any(|(i, _)| {
+    line.match_indices(&text).any(|(i, _)| {
         !part(i.checked_sub(1).map(|j| bytes[j])) && !part(bytes.get(i + text.len()).copied())
     })
 }
@@ -114,10 +120,14 @@ mod tests {
 
     #[test]
     fn an_address_is_found_whole_only() {
+        let addr = |a: &str| a.parse().unwrap();
         let rule = "goto endpoint-ABCD1234-ns/web/tcp/http__10.0.0.10/80";
-        assert!(holds_address(rule, "10.0.0.10"));
-        assert!(!holds_address(rule, "10.0.0.1"));
-        assert!(!holds_address(rule, "0.0.0.10"));
+        assert!(holds_address(rule, addr("10.0.0.10")));
+        assert!(!holds_address(rule, addr("10.0.0.1")));
+        assert!(!holds_address(rule, addr("0.0.0.10")));
+        assert!(holds_address("dnat ip to 10.0.0.10:80", addr("10.0.0.10")));
+        assert!(holds_address("dnat ip6 to [fd00::a]:80", addr("fd00::a")));
+        assert!(!holds_address("ip6 daddr fd00::ab", addr("fd00::a")));
     }
 
     /// kube-proxy's shape after an endpoint went: the Service's map no longer
