@@ -211,6 +211,52 @@ fn a_burst_of_changes_goes_out_as_one_transaction() {
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
 }
 
+/// In a container (its DaemonSet) kube-nft has a pid namespace of its own, and
+/// the kernel's notifications name a committer by its pid in the initial one:
+/// its own commits must still be known as its own, not repaired as drift. The
+/// daemon runs here as pid 1 of a new pid namespace (`unshare --pid`).
+#[test]
+fn in_a_pid_namespace_of_its_own_the_daemon_knows_its_own_commits() {
+    let c = Cluster::new("pidns", &WEB_PODS, &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let mut command = Command::new("ip");
+    command
+        .args([
+            "netns",
+            "exec",
+            c.node(),
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            BIN,
+        ])
+        .args(proxy_command("run", &manifests))
+        .args(["--sync-period", "1h", "--min-sync-period", "100ms"]);
+    let mut d = Daemon::spawn_command(command, c.scratch.0.join("log"));
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        d.assert_running();
+        d.syncs("Full") == 1
+    });
+    std::fs::write(
+        &manifests,
+        web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    )
+    .unwrap();
+    wait_until(Duration::from_secs(10), "the change to be applied", || {
+        d.syncs("Partial") == 1
+    });
+    // A repair would follow within the min sync period.
+    std::thread::sleep(Duration::from_secs(1));
+    let log = d.log_text();
+    assert!(
+        !log.contains("changed outside kube-nft") && d.syncs("Full") == 1,
+        "its own commits were taken for another process's:\n{log}"
+    );
+    let t = tally(c.client(), "10.96.0.10:80", 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+}
+
 /// Opens one connection after another to `target` from `ns` until `stop` is set;
 /// returns how many were answered and what went wrong with the others.
 #[test]

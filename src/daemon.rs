@@ -200,7 +200,7 @@ fn watch_drift(tx: mpsc::Sender<Event>) {
     match Monitor::open() {
         Ok(mut monitor) => {
             std::thread::spawn(move || {
-                let own = std::process::id();
+                let own = crate::netlink::nftables::committed_by_this_process;
                 while let Ok(change) = monitor.next_foreign_change(TableId::is_ours, own) {
                     if tx.send(Event::Drift(change)).is_err() {
                         return;

@@ -21,7 +21,8 @@ pub struct Monitor {
 /// What the monitor saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
-    /// Another process committed a transaction that touched our table.
+    /// Another process committed a transaction that touched our table: `pid` as
+    /// the initial pid namespace numbers it.
     Foreign { pid: u32 },
     /// Notifications were lost (the socket overflowed, e.g. during our own large
     /// sync): what happened is unknown, so treat it as drift.
@@ -39,22 +40,23 @@ impl Monitor {
         Ok(Monitor { sock })
     }
 
-    /// Blocks until a transaction of a process other than `own_pid` touches a table
-    /// whose name `watched` accepts (in any family).
+    /// Blocks until a transaction that `own` does not claim touches a table whose
+    /// name `watched` accepts (in any family). `own` is asked the netlink port id
+    /// of the socket that committed it (`nftables::committed_by_this_process`).
     pub fn next_foreign_change(
         &mut self,
         watched: impl Fn(&str) -> bool,
-        own_pid: u32,
+        own: impl Fn(u32) -> bool,
     ) -> io::Result<Change> {
         let mut touched = false;
-        self.next_commit(Change::Lost, |kind, attrs| {
+        self.next_commit(Change::Lost, |kind, port, attrs| {
             if kind == NFT_MSG_NEWGEN {
-                let pid = Attrs::new(attrs)
-                    .flatten()
-                    .find(|(k, _)| *k == NFTA_GEN_PROC_PID)
-                    .and_then(|(k, p)| Payload::new("gen", k, p).u32().ok())
-                    .unwrap_or(0);
-                if touched && pid != own_pid {
+                if touched && !own(port) {
+                    let pid = Attrs::new(attrs)
+                        .flatten()
+                        .find(|(k, _)| *k == NFTA_GEN_PROC_PID)
+                        .and_then(|(k, p)| Payload::new("gen", k, p).u32().ok())
+                        .unwrap_or(0);
                     return Some(Change::Foreign { pid });
                 }
                 touched = false;
@@ -79,7 +81,7 @@ impl Monitor {
         &mut self,
         mut holds: impl FnMut() -> bool,
     ) -> io::Result<Option<Instant>> {
-        let seen = self.next_commit(None, |kind, _| {
+        let seen = self.next_commit(None, |kind, _, _| {
             if kind != NFT_MSG_NEWGEN {
                 return None;
             }
@@ -90,7 +92,9 @@ impl Monitor {
         self.sock.set_non_blocking(true)?;
         let later = loop {
             match self.sock.recv_from_full() {
-                Ok((buf, _)) if messages(&buf).any(|(k, _)| k == NFT_MSG_NEWGEN) => break Ok(true),
+                Ok((buf, _)) if messages(&buf).any(|(k, _, _)| k == NFT_MSG_NEWGEN) => {
+                    break Ok(true)
+                }
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
                 Err(e) if e.raw_os_error() == Some(ENOBUFS) => break Ok(true),
@@ -104,13 +108,13 @@ impl Monitor {
         Ok(Some(at))
     }
 
-    /// Feeds every nf_tables notification (its type, and its attributes after the
-    /// nfgenmsg) to `seen` until it returns an answer. A socket that overflowed
-    /// answers `lost`: what happened is unknown.
+    /// Feeds every nf_tables notification (its type, the committer's port id and
+    /// its attributes after the nfgenmsg) to `seen` until it returns an answer. A
+    /// socket that overflowed answers `lost`: what happened is unknown.
     fn next_commit<T>(
         &mut self,
         lost: T,
-        mut seen: impl FnMut(u16, &[u8]) -> Option<T>,
+        mut seen: impl FnMut(u16, u32, &[u8]) -> Option<T>,
     ) -> io::Result<T> {
         loop {
             let (buf, _) = match self.sock.recv_from_full() {
@@ -118,8 +122,8 @@ impl Monitor {
                 Err(e) if e.raw_os_error() == Some(ENOBUFS) => return Ok(lost),
                 Err(e) => return Err(e),
             };
-            for (kind, attrs) in messages(&buf) {
-                if let Some(change) = seen(kind, attrs) {
+            for (kind, port, attrs) in messages(&buf) {
+                if let Some(change) = seen(kind, port, attrs) {
                     return Ok(change);
                 }
             }
@@ -127,17 +131,19 @@ impl Monitor {
     }
 }
 
-/// The notifications of a datagram: each one's type, and its attributes after
-/// the nfgenmsg (every object message names its table in attribute 1).
-fn messages(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+/// The notifications of a datagram: each one's type, the port id of the socket
+/// that committed it (the header's pid field), and its attributes after the
+/// nfgenmsg (every object message names its table in attribute 1).
+fn messages(mut rest: &[u8]) -> impl Iterator<Item = (u16, u32, &[u8])> {
     std::iter::from_fn(move || {
         let len = u32::from_ne_bytes(rest.get(0..4)?.try_into().unwrap()) as usize;
         if len < NLMSG_HDRLEN || len > rest.len() {
             return None;
         }
         let kind = u16::from_ne_bytes([rest[4], rest[5]]) & 0xff;
+        let port = u32::from_ne_bytes(rest[12..16].try_into().unwrap());
         let attrs = rest.get(NLMSG_HDRLEN + 4..len).unwrap_or_default();
         rest = &rest[super::attr::align4(len).min(rest.len())..];
-        Some((kind, attrs))
+        Some((kind, port, attrs))
     })
 }

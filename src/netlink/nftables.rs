@@ -13,10 +13,11 @@ use super::objects::{
     TableHeader, OBJECT_COUNTER,
 };
 use crate::core::net::Family;
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use rustix::net::{SendAncillaryBuffer, SendFlags};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, IoSlice};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::batch::Batch;
@@ -54,10 +55,25 @@ pub struct Committed {
     pub kernel: Duration,
 }
 
+/// The port ids of this process's sockets that have committed a transaction.
+/// An nf_tables notification names the socket that committed it by its port id;
+/// the pid it also carries is the committer's in the initial pid namespace, which
+/// a process in a container (kube-nft in its DaemonSet) cannot know. So this is
+/// how the daemon tells its own commits from another process's.
+static COMMITTERS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
+
+/// Whether a notification from netlink port `port` is of a transaction this
+/// process committed.
+pub fn committed_by_this_process(port: u32) -> bool {
+    COMMITTERS.lock().unwrap().contains(&port)
+}
+
 /// A netlink socket speaking nf_tables, bound in the network namespace of the
 /// thread that opened it.
 pub struct NftSocket {
     sock: Socket,
+    /// Its port id, once it is in `COMMITTERS`.
+    committer: Option<u32>,
     /// Reused for every datagram. Its size matters: the kernel sizes the messages
     /// of a dump after the largest buffer we have received into, and an element
     /// dump re-walks the set from its start for every message.
@@ -77,6 +93,7 @@ impl NftSocket {
             .map_err(io::Error::from)?;
         Ok(NftSocket {
             sock,
+            committer: None,
             rx: Vec::with_capacity(RX_BUFFER),
         })
     }
@@ -85,6 +102,13 @@ impl NftSocket {
     pub fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
         if batch.is_empty() {
             return Ok(Committed::default());
+        }
+        if self.committer.is_none() {
+            // Before the first send, so that its notification is known as ours.
+            let mut addr = SocketAddr::new(0, 0);
+            self.sock.get_address(&mut addr)?;
+            COMMITTERS.lock().unwrap().insert(addr.port_number());
+            self.committer = Some(addr.port_number());
         }
         let tx = batch.finish();
         let sending = Instant::now();
@@ -105,7 +129,7 @@ impl NftSocket {
             return Err(NftError::Io(io::Error::other("short netlink send")));
         }
         let mut first_error: Option<NftError> = None;
-        let NftSocket { sock, rx } = self;
+        let NftSocket { sock, rx, .. } = self;
         loop {
             rx.clear();
             sock.recv(rx, 0)?;
@@ -158,7 +182,7 @@ impl NftSocket {
         body(&mut w);
         let mut buf = w.into_bytes();
         finish_msg(&mut buf, at);
-        let NftSocket { sock, rx } = self;
+        let NftSocket { sock, rx, .. } = self;
         exchange(sock, rx, &buf, |msg| {
             if msg.payload.len() >= 4 {
                 each(&msg.payload[4..])?;
