@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every check kube-nft has, on a fresh machine, as root: installs what is missing,
 # then formatting, clippy, unit tests, nft parity, real-packet tests in network namespaces
-# the tests create and remove, a real control plane, the fuzz targets briefly, and the
-# 6.1 guest. Ends with one line, "total: N passed, N failed", whatever failed: a step
+# the tests create and remove, a real control plane, the fuzz targets briefly, the
+# 6.1 guest, and a kind cluster. Ends with one line, "total: N passed, N failed", whatever failed: a step
 # that is not a test (an install, a build, fmt, clippy, a leftover) counts as one
 # failed test, by name.
 set -euo pipefail
@@ -20,6 +20,7 @@ finish() {
   awk -v status="$status" -v steps="${#failed_steps[@]}" '
      /^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^fuzz [a-z_]+: ok/ { p++ } /^fuzz [a-z_]+: FAILED/ { f++ }
+     /^kind: ok: / { p++ } /^kind: FAILED: / { f++ }
      END { f += steps
            if (status != 0 && f == 0) { print "\nthe run stopped outside the tests (see above): counted as 1 failed"; f = 1 }
            printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
@@ -92,6 +93,12 @@ bash integration/fuzz/run.sh 15 2>&1 | tee -a "$log" || status=$?
 # The IPVS tests, and the packet tests again, in Debian's 6.1 kernel under qemu
 # (this kernel has no IPVS). Its lines start with "guest: ".
 bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
+# kube-nft as users run it: its image built from deploy/Containerfile, deployed
+# from deploy/ in a kind cluster (a control plane and two workers, real kubelet,
+# containerd, CoreDNS), and the same checks against real kube-proxy. Everything
+# is built here the first time (integration/kind/node-image.sh, cached). Each
+# "kind: ok:" or "kind: FAILED:" line counts as a test.
+bash integration/kind/test.sh 2>&1 | tee -a "$log" || status=$?
 
 # Nothing the tests made may outlive them: their network namespaces (the
 # control planes' included) and their processes.

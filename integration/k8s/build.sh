@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Builds Kubernetes' kube-apiserver, kube-controller-manager and kube-proxy from
-# their Go modules, for tests and benchmarks against the real components:
+# Builds Kubernetes' components from their Go modules, for tests and benchmarks
+# against the real ones: the control plane, kube-proxy, kubectl, and the kubelet
+# and kubeadm of the kind node image (integration/kind/node-image.sh):
 #
 #   integration/k8s/build.sh            # prints the directory of the binaries
 #
 # The version is K8S_VERSION (default below); the binaries are cached outside the
-# checkout, in $KUBE_NFT_CACHE/k8s-VERSION/bin (default /var/cache/kube-nft), so a
-# second run builds nothing. The build uses the machine's Go (GOTOOLCHAIN=local):
-# Go 1.27's JSON changes break the API server's /openapi/v2.
+# checkout, in $KUBE_NFT_CACHE/k8s-VERSION-static/bin (default /var/cache/kube-nft),
+# so a second run builds nothing. The build uses the machine's Go (GOTOOLCHAIN=local):
+# Go 1.27's JSON changes break the API server's /openapi/v2. Like upstream's
+# release binaries they are static (CGO_ENABLED=0), so that the component images
+# of the kind node can hold the binary alone.
 #
 # k8s.io/kubernetes names its staging modules (k8s.io/api, client-go, …) at
 # v0.0.0 and replaces them with its own tree; a module that requires it must
 # replace each with the published v0.MINOR.PATCH instead, which this writes.
 set -euo pipefail
 version=${K8S_VERSION:-1.36.3}
-cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version
-components=(kube-apiserver kube-controller-manager kube-proxy kubectl)
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version-static
+components=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet kubeadm)
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
 # Two runs at once (two checkouts, a test and a bench) build one after the other:
 # the second finds the binaries the first built.
@@ -47,7 +50,14 @@ kube_mod=$(go mod download -json "k8s.io/kubernetes@v$version" | python3 -c 'imp
 } >go.mod
 for c in "${missing[@]}"; do
   echo "k8s: building $c $version (the first build takes several minutes)" >&2
-  go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version" \
+  # The version as upstream stamps it (hack/lib/version.sh), in both packages
+  # that hold it: kubeadm compares its own with the cluster's.
+  ldflags="-s -w"
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    ldflags+=" -X $pkg.gitVersion=v$version -X $pkg.gitMajor=${version%%.*}"
+    ldflags+=" -X $pkg.gitMinor=$(echo "$version" | cut -d. -f2) -X $pkg.gitTreeState=clean"
+  done
+  go build -trimpath -ldflags "$ldflags" \
     -o "$cache/bin/$c" "k8s.io/kubernetes/cmd/$c"
 done
 echo "$cache/bin"

@@ -27,7 +27,7 @@ export KUBE_NFT_CLUSTER_PREFIX=kov
 export KUBE_NFT_BIN=${KUBE_NFT_BIN:-$PWD/target/debug/kube-nft}
 [ -x "$KUBE_NFT_BIN" ] || cargo build --quiet
 cluster() { bash integration/k8s/cluster.sh "$@" 2>/dev/null; }
-bin=/var/cache/kube-nft/k8s-1.36.3/bin
+bin=$(bash "$(dirname "$0")/build.sh")
 dir=$(mktemp -d /tmp/kube-nft-faults.XXXXXX)
 pids=()
 cleanup() {

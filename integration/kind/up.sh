@@ -1,41 +1,119 @@
 #!/usr/bin/env bash
-# Creates a kind cluster without kube-proxy, builds and loads the kube-nft image,
-# deploys it, and checks a Service end to end: a ClusterIP from a pod, and a
-# NodePort from another node. Needs docker, kind and kubectl (not available on
-# the development machines, which have no container engine).
-#   integration/kind/up.sh [cluster-name]
+# A kind cluster whose Service proxy is kube-nft, deployed from deploy/ as users
+# deploy it (or, for comparison, kube-proxy as kubeadm deploys it):
+#
+#   integration/kind/up.sh [--proxy P] [NAME]   # create it and deploy; it stays
+#   integration/kind/up.sh --down [NAME]        # delete it
+#
+# NAME defaults to kube-nft. P is kube-nft (the default), kube-proxy-nftables or
+# kube-proxy-iptables. One control-plane node and two workers
+# (integration/kind/kind-config.yaml). KUBE_NFT_KIND_IMAGES chooses where
+# everything comes from:
+#   published (default)  kind's published node image and CNI (kindnetd), and
+#                        the public base images of deploy/Containerfile;
+#   local                nothing from a registry: the node image, the images
+#                        kubeadm asks for and the base images are built here from
+#                        Go modules and Debian's packages (node-image.sh,
+#                        local-images.sh), and pods are wired by a CNI config this
+#                        script writes (ptp, host-local, a route per node).
+# kind itself is the one on PATH, or built from its Go module. Needs root and a
+# docker daemon (docker.sh starts Debian's where none runs).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-name=${1:-kube-nft}
-for tool in docker kind kubectl; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+down=0 proxy=kube-nft
+while [ $# -gt 0 ]; do
+  case $1 in
+  --down) down=1 ;;
+  --proxy) proxy=$2 && shift ;;
+  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--down] [NAME]" >&2 && exit 2 ;;
+  *) break ;;
+  esac
+  shift
 done
+name=${1:-kube-nft}
+# shellcheck source=integration/kind/lib.sh
+. "$(dirname "$0")/lib.sh"
+cd "$kind_dir/../.."
+images=${KUBE_NFT_KIND_IMAGES:-published}
+case $images in published | local) ;; *) fail "KUBE_NFT_KIND_IMAGES is published or local" ;; esac
+case $proxy in
+kube-nft) mode=none ;;
+kube-proxy-nftables) mode=nftables ;;
+kube-proxy-iptables) mode=iptables ;;
+*) fail "--proxy is kube-nft, kube-proxy-nftables or kube-proxy-iptables" ;;
+esac
 
-kind create cluster --name "$name" --config integration/kind/kind-config.yaml
-docker build -f deploy/Containerfile -t kube-nft:latest .
-kind load docker-image --name "$name" kube-nft:latest
+bash "$kind_dir/docker.sh" start
+kind=$(kind_bin)
+if [ "$down" = 1 ]; then
+  "$kind" delete cluster --name "$name"
+  exit 0
+fi
 
-# The API server by an address that works before any Service does.
-api_host=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$name-control-plane")
-kubectl apply -f deploy/rbac.yaml -f deploy/config.yaml
-sed "s/API_SERVER_HOST/$api_host/" deploy/daemonset.yaml | kubectl apply -f -
-kubectl -n kube-system rollout status daemonset/kube-nft --timeout=180s
+config=$(mktemp)
+trap 'rm -f "$config"' EXIT
+sed "s/kubeProxyMode: none/kubeProxyMode: $mode/" "$kind_dir/kind-config.yaml" >"$config"
+node_image=()
+if [ "$images" = local ]; then
+  node_image=(--image "$(bash "$kind_dir/node-image.sh")")
+  sed -i 's/^networking:$/networking:\n  disableDefaultCNI: true/' "$config"
+fi
+# kubelet 1.36 refuses cgroup v1 unless told otherwise.
+if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+  printf 'kubeadmConfigPatches:\n- |\n  kind: KubeletConfiguration\n  failCgroupV1: false\n' >>"$config"
+fi
+"$kind" create cluster --name "$name" --config "$config" "${node_image[@]}" --wait 0s
 
-# Until kube-nft runs, CoreDNS cannot reach the API server's ClusterIP.
-kubectl -n kube-system rollout status deployment/coredns --timeout=180s
+if [ "$images" = local ]; then
+  # kindnetd's job, done once: each node's pods on its podCIDR (ptp veths,
+  # host-local addresses), a route to every other node's, and masquerade for
+  # what leaves the pod network.
+  pod_subnet=$(sed -n 's/^ *podSubnet: *//p' "$config")
+  for n in $(nodes); do
+    cidr=$(kubectl get node "$n" -o jsonpath='{.spec.podCIDR}')
+    mtu=$(docker exec "$n" cat /sys/class/net/eth0/mtu)
+    docker exec -i "$n" sh -c 'cat >/etc/cni/net.d/10-kube-nft-ptp.conflist' <<EOF
+{"cniVersion": "0.3.1", "name": "kind", "plugins": [
+  {"type": "ptp", "ipMasq": false, "mtu": $mtu,
+   "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state", "routes": [{"dst": "0.0.0.0/0"}], "ranges": [[{"subnet": "$cidr"}]]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+    for m in $(nodes); do
+      [ "$m" != "$n" ] || continue
+      docker exec "$n" ip route replace "$(kubectl get node "$m" -o jsonpath='{.spec.podCIDR}')" via "$(node_ip "$m")"
+    done
+    docker exec -i "$n" nft -f - <<EOF
+table ip kind-pod-network {
+  chain postrouting {
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr $pod_subnet ip daddr != $pod_subnet masquerade
+  }
+}
+EOF
+  done
+  # The images the checks' pods run.
+  "$kind" load docker-image --name "$name" "$(busybox_image)"
+fi
 
-kubectl create deployment hostnames --image=registry.k8s.io/serve_hostname --replicas=3
-kubectl expose deployment hostnames --port=80 --target-port=9376 --type=NodePort
-kubectl rollout status deployment/hostnames --timeout=180s
+if [ "$proxy" = kube-nft ]; then
+  # kube-nft's image, from deploy/Containerfile, with the sources alone as its
+  # context.
+  build_args=()
+  if [ "$images" = local ]; then
+    build_args=(--build-arg "BUILDER=$(bash "$kind_dir/local-images.sh" builder)"
+      --build-arg "BASE=$(bash "$kind_dir/local-images.sh" base)")
+  fi
+  tar -c Cargo.toml Cargo.lock src nft-templates integration deploy/Containerfile |
+    DOCKER_BUILDKIT=0 docker build -q --force-rm -f deploy/Containerfile "${build_args[@]}" -t kube-nft:latest - >/dev/null
+  log "kube-nft:latest is $(docker image inspect -f '{{.Size}}' kube-nft:latest | awk '{ printf "%.1f MB", $1 / 1e6 }')"
+  "$kind" load docker-image --name "$name" kube-nft:latest
 
-echo "ClusterIP from a pod, by DNS name:"
-kubectl run probe --rm -i --restart=Never --image=busybox:1.36 -- \
-  sh -c 'for i in 1 2 3 4 5 6; do wget -qO- -T 2 http://hostnames; echo; done'
-
-echo "NodePort on a worker, from the control-plane node:"
-port=$(kubectl get service hostnames -o jsonpath='{.spec.ports[0].nodePort}')
-worker_ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$name-worker")
-docker exec "$name-control-plane" curl -sf --max-time 2 "http://$worker_ip:$port"
-echo
-echo "kube-nft's sync metrics on a worker:"
-docker exec "$name-worker" curl -sf http://127.0.0.1:10249/metrics | grep '^kubeproxy_sync_proxy_rules'
+  # deploy/ as it is, but for the API server's address: one that works before
+  # any Service does.
+  kubectl apply -f - <deploy/rbac.yaml
+  kubectl apply -f - <deploy/config.yaml
+  sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" deploy/daemonset.yaml | kubectl apply -f -
+  kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
+else
+  kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s
+fi
+log "$proxy runs on every node of $name"

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# What a user of a kind cluster expects of its Service proxy, checked with real
+# pods, the cluster's CoreDNS and real requests:
+#
+#   integration/kind/checks.sh [--proxy P] [NAME]   # after up.sh; exits 1 on the first failure
+#
+# 1. CoreDNS is ready and answers a pod through its ClusterIP;
+# 2. `hostnames` (3 pods serving their name on 9376, a NodePort Service on 80)
+#    answers a pod by DNS name, from all three pods;
+# 3. the NodePort answers on every node, from another node;
+# 4. a pod deleted leaves the rotation without a failed request;
+# 5. the proxy's metrics answer on every node and count syncs, and (kube-nft)
+#    its logs show them.
+# Each check prints one line: "ok: …" or "FAILED: …".
+set -euo pipefail
+proxy=kube-nft
+if [ "${1:-}" = --proxy ]; then
+  proxy=$2
+  shift 2
+fi
+name=${1:-kube-nft}
+# shellcheck source=integration/kind/lib.sh
+. "$(dirname "$0")/lib.sh"
+busybox=$(busybox_image)
+ok() { echo "kind: ok: $proxy: $*" >&2; }
+fail() {
+  echo "kind: FAILED: $proxy: $*" >&2
+  exit 1
+}
+in_client() { kubectl exec client -- sh -c "$1"; }
+
+# 1. CoreDNS, through the kube-dns Service's ClusterIP.
+kubectl -n kube-system rollout status deployment/coredns --timeout=300s >/dev/null ||
+  fail "CoreDNS is not ready: $(kubectl -n kube-system get pods -l k8s-app=kube-dns -o wide)"
+kubectl delete pod client --ignore-not-found --wait >/dev/null
+kubectl run client --image="$busybox" --restart=Never --command -- sleep 86400 >/dev/null
+kubectl wait --for=condition=Ready pod/client --timeout=120s >/dev/null
+dns=$(kubectl -n kube-system get service kube-dns -o jsonpath='{.spec.clusterIP}')
+answer=$(in_client "nslookup kubernetes.default.svc.cluster.local $dns") ||
+  fail "CoreDNS at $dns did not answer: $answer"
+grep -q "Address:.*$(kubectl get service kubernetes -o jsonpath='{.spec.clusterIP}')" <<<"$answer" ||
+  fail "CoreDNS at $dns answered without the kubernetes Service's address: $answer"
+ok "CoreDNS answers through its ClusterIP $dns"
+
+# 2. hostnames: each pod serves its own name, as upstream's serve_hostname does.
+# An earlier run's, pods and all.
+kubectl delete deployment hostnames --ignore-not-found --cascade=foreground --wait >/dev/null
+kubectl delete service hostnames --ignore-not-found --wait >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: hostnames}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: hostnames}}
+  template:
+    metadata: {labels: {app: hostnames}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: hostnames
+        image: $busybox
+        command: [sh, -c, 'mkdir -p /www && hostname >/www/index.html && exec httpd -f -p 9376 -h /www']
+        ports: [{containerPort: 9376}]
+        readinessProbe: {httpGet: {path: /, port: 9376}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hostnames}
+spec:
+  type: NodePort
+  selector: {app: hostnames}
+  ports: [{port: 80, targetPort: 9376}]
+EOF
+kubectl rollout status deployment/hostnames --timeout=300s >/dev/null
+pods=$(kubectl get pods -l app=hostnames -o jsonpath='{.items[*].metadata.name}' | tr ' ' '\n' | sort)
+# The Deployment is available before the last pod's endpoint is in the Service's
+# EndpointSlice and programmed (the proxy syncs at most once a second): every
+# request must answer, and within 10 s each pod must have answered one.
+seen=
+for ((round = 1; round <= 10; round++)); do
+  seen+=$(in_client 'for i in $(seq 30); do timeout 2 wget -qO- http://hostnames 2>/tmp/err || echo "FAILED: $(cat /tmp/err)"; done')$'\n'
+  grep -q FAILED <<<"$seen" && fail "requests to http://hostnames failed: $(sort <<<"$seen" | uniq -c | tr '\n' ' ')"
+  [ "$(grep . <<<"$seen" | sort -u)" = "$pods" ] && break
+  sleep 1
+done
+[ "$(grep . <<<"$seen" | sort -u)" = "$pods" ] ||
+  fail "$((round * 30 - 30)) requests to http://hostnames reached $(grep . <<<"$seen" | sort -u | xargs), not the 3 pods $(xargs <<<"$pods")"
+ok "hostnames answers by DNS name from all 3 pods: $(grep . <<<"$seen" | sort | uniq -c | awk '{ print $1 }' | xargs) of $(grep -c . <<<"$seen")"
+
+# 3. The NodePort on every node, from another node.
+port=$(kubectl get service hostnames -o jsonpath='{.spec.ports[0].nodePort}')
+mapfile -t all < <(nodes)
+for ((i = 0; i < ${#all[@]}; i++)); do
+  to=${all[$i]} from=${all[$(((i + 1) % ${#all[@]}))]}
+  got=$(docker exec "$from" curl -sf --max-time 2 "http://$(node_ip "$to"):$port") ||
+    fail "NodePort $port on $to did not answer $from"
+  grep -qx "$got" <<<"$pods" || fail "NodePort $port on $to answered $from with '$got'"
+done
+ok "NodePort $port answers on each of ${#all[@]} nodes, from another node"
+
+# 4. A pod deleted while a client sends requests back to back: every one answers.
+in_client 'rm -f /tmp/load; end=$(($(date +%s) + 25)); while [ $(date +%s) -lt $end ]; do
+    timeout 2 wget -qO- http://hostnames >/dev/null && echo ok >>/tmp/load || echo FAILED >>/tmp/load; done' &
+load=$!
+sleep 5
+gone=$(head -1 <<<"$pods")
+kubectl delete pod "$gone" --wait=false >/dev/null || fail "could not delete pod $gone"
+wait "$load"
+counts=$(in_client 'sort /tmp/load | uniq -c')
+sent=$(awk '{ n += $1 } END { print n }' <<<"$counts")
+failed=$(awk '$2 == "FAILED" { print $1 }' <<<"$counts")
+[ -z "$failed" ] || fail "$failed of $sent requests failed while pod $gone was deleted"
+[ "${sent:-0}" -gt 100 ] || fail "the client sent only ${sent:-0} requests in 25 s"
+in_client 'for i in $(seq 30); do timeout 2 wget -qO- http://hostnames; done' | grep -qx "$gone" &&
+  fail "the deleted pod $gone still answers"
+ok "pod $gone deleted under load: $sent requests, none failed"
+
+# 5. Metrics on every node (kube-proxy's names and port), and kube-nft's logs.
+for n in "${all[@]}"; do
+  syncs=$(docker exec "$n" curl -sf --max-time 2 http://127.0.0.1:10249/metrics |
+    awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count/ { print $2 }') ||
+    fail "no metrics on $n:10249"
+  [ "${syncs%.*}" -gt 0 ] 2>/dev/null || fail "$n's proxy counts no syncs (${syncs:-no such metric})"
+done
+ok "metrics answer on every node and count syncs"
+if [ "$proxy" = kube-nft ]; then
+  for pod in $(kubectl -n kube-system get pods -l k8s-app=kube-nft -o jsonpath='{.items[*].metadata.name}'); do
+    logs=$(kubectl -n kube-system logs "$pod")
+    grep -q "synced in" <<<"$logs" || fail "kube-nft's log in $pod shows no sync"
+    # Its own commits are not drift (a container has a pid namespace of its own).
+    ! grep -q "changed outside kube-nft" <<<"$logs" || fail "kube-nft in $pod repairs its own commits: $(grep -m1 'changed outside' <<<"$logs")"
+  done
+  ok "kube-nft's logs show its syncs, and no drift"
+fi
+kubectl delete pod client --wait=false >/dev/null

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Images made here from Debian's packages, for where no registry answers:
+#
+#   integration/kind/local-images.sh builder   # Debian bookworm with Debian's Rust (rustc-web), trusting this machine's CAs
+#   integration/kind/local-images.sh base      # libc and libgcc, as distroless/cc has them
+#   integration/kind/local-images.sh busybox   # Debian's busybox: a shell, wget, nslookup, httpd
+#
+# Each prints the image's name; built once, kept in docker and saved under
+# $KUBE_NFT_CACHE/kind (default /var/cache/kube-nft).
+set -euo pipefail
+cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
+mkdir -p "$cache"
+exec {lock}>"$cache/.images.lock"
+flock "$lock"
+log() { echo "local images: $*" >&2; }
+if ! command -v debootstrap >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+fi
+
+# NAME BUILD: the image NAME, from docker, from its saved copy, or built by BUILD
+# (a function that imports it into docker).
+image() {
+  local name=$1 build=$2
+  local saved=$cache/${name//[\/:]/_}.tar
+  if ! docker image inspect "$name" >/dev/null 2>&1; then
+    if [ -f "$saved" ]; then
+      docker load -i "$saved" >/dev/null
+    else
+      log "building $name"
+      "$build" "$name"
+      docker save "$name" >"$saved.partial"
+      mv "$saved.partial" "$saved"
+    fi
+  fi
+  echo "$name"
+}
+
+# Debian packages unpacked into DIR, without their maintainer scripts.
+unpack() {
+  local dir=$1
+  shift
+  local debs
+  debs=$(mktemp -d)
+  (cd "$debs" && apt-get download "$@" >/dev/null 2> >(grep -v unsandboxed >&2))
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$dir"; done
+  rm -rf "$debs"
+}
+
+build_builder() {
+  local root
+  root=$(mktemp -d "$cache/builder.XXXXXX")
+  debootstrap --variant=minbase --include=gcc,libc6-dev,ca-certificates,pkg-config \
+    bookworm "$root" http://deb.debian.org/debian >"$cache/builder.log" 2>&1 ||
+    { log "debootstrap failed, see $cache/builder.log"; exit 1; }
+  # Debian's current Rust for bookworm (rustc-web, kept new for the browsers) is
+  # in bookworm-security; the release's own is 1.85, older than our crates need.
+  echo 'deb http://deb.debian.org/debian-security bookworm-security main' >"$root/etc/apt/sources.list.d/security.list"
+  { chroot "$root" apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq --no-install-recommends rustc-web cargo-web; } \
+    >>"$cache/builder.log" 2>&1 || { log "installing rustc-web failed, see $cache/builder.log"; exit 1; }
+  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  # cargo fetches crates inside it: it trusts what this machine trusts (here, an
+  # egress proxy's own CA besides Debian's).
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
+  tar -C "$root" -c . | docker import -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' -c 'WORKDIR /' - "$1" >/dev/null
+  rm -rf "$root"
+}
+
+build_base() {
+  local root
+  root=$(mktemp -d "$cache/base.XXXXXX")
+  [ -n "$(apt-cache policy libc6 | sed -n 's/ *Candidate: //p')" ] || apt-get update -qq
+  unpack "$root" libc6 libgcc-s1 gcc-12-base
+  mkdir -p "$root/etc" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
+  tar -C "$root" -c . | docker import - "$1" >/dev/null
+  rm -rf "$root"
+}
+
+build_busybox() {
+  local root
+  root=$(mktemp -d "$cache/busybox.XXXXXX")
+  # The dynamic busybox, with its libc: a static glibc binary looking a name up
+  # loads glibc's NSS modules, and crashes where they are missing.
+  unpack "$root" busybox libc6
+  mkdir -p "$root/bin" "$root/tmp" "$root/etc"
+  printf 'hosts: files dns\n' >"$root/etc/nsswitch.conf"
+  for applet in $("$root/bin/busybox" --list); do
+    [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
+  tar -C "$root" -c . | docker import -c 'ENV PATH=/bin' -c 'CMD ["sh"]' - "$1" >/dev/null
+  rm -rf "$root"
+}
+
+case ${1:-} in
+builder) image kube-nft.local/rust-bookworm:3 build_builder ;;
+base) image kube-nft.local/cc-bookworm:1 build_base ;;
+busybox) image kube-nft.local/busybox:2 build_busybox ;;
+*) echo "usage: local-images.sh builder|base|busybox" >&2; exit 2 ;;
+esac

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The kind part of the test command: a cluster whose proxy is kube-nft, deployed
+# as users deploy it, checked (checks.sh); the same checks against real
+# kube-proxy in nftables mode; then everything deleted.
+#
+#   integration/kind/test.sh     # as root; prints "kind: ok: …" or "kind: FAILED: …" per check
+#
+# Where no registry answers (this project's machines), KUBE_NFT_KIND_IMAGES
+# defaults to local here: everything is built from Go modules and Debian's
+# packages and cached in /var/cache/kube-nft (node-image.sh, local-images.sh).
+# The kubelet sets a few of the host's sysctls from inside its node (they are
+# not namespaced); they are put back afterwards, and the dockerd this started
+# is stopped.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export KUBE_NFT_KIND_IMAGES=${KUBE_NFT_KIND_IMAGES:-local}
+name=kt$$-kind
+# shellcheck source=integration/kind/lib.sh
+. "$here/lib.sh"
+
+# The host-wide settings a kind cluster changes or needs: the kubelet's
+# (pkg/kubelet/cm/container_manager_linux.go), and inotify instances, of which
+# three nodes of systemd, containerd and kubelet need more than 128.
+sysctls=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes fs.inotify.max_user_instances fs.inotify.max_user_watches)
+saved=()
+for s in "${sysctls[@]}"; do saved+=("$s=$(sysctl -n "$s")"); done
+started_docker=0
+docker info >/dev/null 2>&1 || started_docker=1
+cleanup() {
+  "$(kind_bin)" delete cluster --name "$name" >/dev/null 2>&1
+  docker network rm kind >/dev/null 2>&1
+  for s in "${saved[@]}"; do sysctl -qw "$s"; done
+  [ "$started_docker" = 0 ] || bash "$here/docker.sh" stop
+  local left
+  left=$(docker ps -aq --filter "label=io.x-k8s.kind.cluster=$name" 2>/dev/null)
+  [ -z "$left" ] || echo "kind: FAILED: containers left behind: $left" >&2
+}
+trap cleanup EXIT
+sysctl -qw fs.inotify.max_user_instances=512 fs.inotify.max_user_watches=524288
+
+status=0
+for proxy in kube-nft kube-proxy-nftables; do
+  started=$(date +%s)
+  if ! bash "$here/up.sh" --proxy "$proxy" "$name"; then
+    echo "kind: FAILED: a cluster with $proxy did not come up" >&2
+    status=1
+  elif ! bash "$here/checks.sh" --proxy "$proxy" "$name"; then
+    status=1
+  fi
+  bash "$here/up.sh" --down "$name" >/dev/null 2>&1
+  log "$proxy: $(($(date +%s) - started)) s"
+done
+exit "$status"
