@@ -102,7 +102,7 @@ if [ "$proxy" = kube-nft ]; then
     build_args=(--build-arg "BUILDER=$(bash "$kind_dir/local-images.sh" builder)"
       --build-arg "BASE=$(bash "$kind_dir/local-images.sh" base)")
   fi
-  tar -c Cargo.toml Cargo.lock src nft-templates integration deploy/Containerfile |
+  tar -c Cargo.toml Cargo.lock src nft-templates integration/*.rs deploy/Containerfile |
     DOCKER_BUILDKIT=0 docker build -q --force-rm -f deploy/Containerfile "${build_args[@]}" -t kube-nft:latest - >/dev/null
   log "kube-nft:latest is $(docker image inspect -f '{{.Size}}' kube-nft:latest | awk '{ printf "%.1f MB", $1 / 1e6 }')"
   "$kind" load docker-image --name "$name" kube-nft:latest
