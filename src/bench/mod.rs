@@ -168,6 +168,31 @@ pub fn synthetic_state(services: usize, endpoints: usize) -> ClusterState {
     state
 }
 
+/// Runs `nft ARGS` in network namespace `netns` (through `ip netns exec`), or
+/// in this process's: what it printed, or an error with what it said.
+pub(crate) fn nft(netns: Option<&str>, args: &[&str]) -> Result<Vec<u8>, String> {
+    let mut command = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "nft"]);
+            c
+        }
+        None => Command::new("nft"),
+    };
+    let out = command
+        .args(args)
+        .output()
+        .map_err(|e| format!("running nft: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nft {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(out.stdout)
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]

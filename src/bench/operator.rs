@@ -5,6 +5,7 @@
 //! `nft -f` into a scratch namespace, for our ruleset and for kube-proxy 1.36's
 //! shape of the same Services.
 
+use super::nft;
 use crate::netns::Netns;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -24,35 +25,19 @@ pub struct OperatorView {
     pub monitor_ms: Option<f64>,
 }
 
-fn nft_in(ns: &str, args: &[&str]) -> Result<std::process::Output, String> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "nft"])
-        .args(args)
-        .output()
-        .map_err(|e| format!("running nft: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(out)
-}
-
 /// Loads `ruleset` with `nft -f` into a scratch namespace, then lists it and
 /// starts `nft monitor` there.
 pub fn operator_view(tag: &str, ruleset: &Path) -> Result<OperatorView, String> {
     let ns = Netns::create(tag).map_err(|e| e.to_string())?;
-    nft_in(&ns.name, &["-f", &ruleset.display().to_string()])?;
+    nft(Some(&ns.name), &["-f", &ruleset.display().to_string()])?;
     let start = Instant::now();
-    let listing = nft_in(&ns.name, &["list", "ruleset"])?;
+    let listing = nft(Some(&ns.name), &["list", "ruleset"])?;
     let list_ms = start.elapsed().as_secs_f64() * 1000.0;
     let monitor_ms = monitor_ready(&ns.name)?;
     Ok(OperatorView {
         list_ms,
-        lines: listing.stdout.iter().filter(|b| **b == b'\n').count(),
-        bytes: listing.stdout.len(),
+        lines: listing.iter().filter(|b| **b == b'\n').count(),
+        bytes: listing.len(),
         monitor_ms,
     })
 }
@@ -72,8 +57,8 @@ fn cpu_state(pid: u32) -> Option<(char, u64)> {
 /// cache load (it starts over when the ruleset's generation moves). One change
 /// then confirms that it reports events. The time from its start to then.
 fn monitor_ready(ns: &str) -> Result<Option<f64>, String> {
-    nft_in(
-        ns,
+    nft(
+        Some(ns),
         &["add table ip kn-probe { set s { type ipv4_addr; }; }"],
     )?;
     let start = Instant::now();
@@ -112,8 +97,8 @@ fn monitor_ready(ns: &str) -> Result<Option<f64>, String> {
         }
     }
     if ready.is_some() {
-        nft_in(
-            ns,
+        nft(
+            Some(ns),
             &["add", "element", "ip", "kn-probe", "s", "{ 192.0.2.1 }"],
         )?;
         if rx.recv_timeout(Duration::from_secs(5)).is_err() {

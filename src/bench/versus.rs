@@ -21,7 +21,7 @@
 //! - peak RSS of the process (VmHWM), before its restarts.
 
 use super::reach::reaches;
-use super::{endpoint_addr, median};
+use super::{endpoint_addr, median, nft};
 use crate::netlink::monitor::Monitor;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -317,22 +317,12 @@ fn stop(child: &mut Child) {
 /// Removes every table (kube-proxy's, iptables-nft's, ours) and every flow, so
 /// that each contender starts on a bare node.
 fn bare_node() -> Result<(), String> {
-    for (program, args) in [
-        ("nft", &["flush", "ruleset"][..]),
-        ("conntrack", &["-F"][..]),
-    ] {
-        let out = Command::new(program)
-            .args(args)
-            .output()
-            .map_err(|e| format!("{program}: {e}"))?;
-        // conntrack -F says so on stderr, and fails when there is nothing to flush.
-        if !out.status.success() && program == "nft" {
-            return Err(format!(
-                "nft flush ruleset: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
+    nft(None, &["flush", "ruleset"])?;
+    // conntrack -F says so on stderr, and fails when there is nothing to flush.
+    Command::new("conntrack")
+        .arg("-F")
+        .output()
+        .map_err(|e| format!("conntrack: {e}"))?;
     Ok(())
 }
 
@@ -495,17 +485,8 @@ fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Re
 
 /// `nft list ruleset` of this network namespace.
 fn listing() -> Result<String, String> {
-    let out = Command::new("nft")
-        .args(["list", "ruleset"])
-        .output()
-        .map_err(|e| format!("nft list ruleset: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "nft list ruleset: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    String::from_utf8(out.stdout).map_err(|e| format!("nft list ruleset: {e}"))
+    String::from_utf8(nft(None, &["list", "ruleset"])?)
+        .map_err(|e| format!("nft list ruleset: {e}"))
 }
 
 /// Milliseconds under a second, seconds above.

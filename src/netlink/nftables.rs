@@ -72,8 +72,8 @@ pub fn committed_by_this_process(port: u32) -> bool {
 /// thread that opened it.
 pub struct NftSocket {
     sock: Socket,
-    /// Its port id, once it is in `COMMITTERS`.
-    committer: Option<u32>,
+    /// Whether its port id is in `COMMITTERS`.
+    registered: bool,
     /// Reused for every datagram. Its size matters: the kernel sizes the messages
     /// of a dump after the largest buffer we have received into, and an element
     /// dump re-walks the set from its start for every message.
@@ -93,7 +93,7 @@ impl NftSocket {
             .map_err(io::Error::from)?;
         Ok(NftSocket {
             sock,
-            committer: None,
+            registered: false,
             rx: Vec::with_capacity(RX_BUFFER),
         })
     }
@@ -103,12 +103,12 @@ impl NftSocket {
         if batch.is_empty() {
             return Ok(Committed::default());
         }
-        if self.committer.is_none() {
+        if !self.registered {
             // Before the first send, so that its notification is known as ours.
             let mut addr = SocketAddr::new(0, 0);
             self.sock.get_address(&mut addr)?;
             COMMITTERS.lock().unwrap().insert(addr.port_number());
-            self.committer = Some(addr.port_number());
+            self.registered = true;
         }
         let tx = batch.finish();
         let sending = Instant::now();
