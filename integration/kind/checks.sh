@@ -76,9 +76,11 @@ kubectl rollout status deployment/hostnames --timeout=300s >/dev/null
 # CoreDNS caches an answer for up to 30 s: after an earlier run, the name may
 # still give the deleted Service's address. The proxy is what is checked here.
 vip=$(kubectl get service hostnames -o jsonpath='{.spec.clusterIP}')
-retry 40 sh -c "docker exec -i $name-control-plane kubectl --kubeconfig /etc/kubernetes/admin.conf \
-  exec client -- nslookup hostnames.default.svc.cluster.local | grep -q 'Address: $vip\$'" ||
-  fail "CoreDNS does not give hostnames' ClusterIP $vip"
+names_vip() {
+  local answer
+  answer=$(in_client 'nslookup hostnames.default.svc.cluster.local') && grep -q "Address: $vip\$" <<<"$answer"
+}
+retry 40 names_vip || fail "CoreDNS does not give hostnames' ClusterIP $vip"
 pods=$(kubectl get pods -l app=hostnames -o jsonpath='{.items[*].metadata.name}' | tr ' ' '\n' | sort)
 # The Deployment is available before the last pod's endpoint is in the Service's
 # EndpointSlice and programmed (the proxy syncs at most once a second): every

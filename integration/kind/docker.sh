@@ -10,6 +10,8 @@
 #   integration/kind/docker.sh stop    # stops the dockerd that `start` started
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=integration/kind/lib.sh
+. "$here/lib.sh"
 state=/run/kube-nft-dockerd
 log() { echo "docker: $*" >&2; }
 
@@ -23,10 +25,7 @@ start() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
   fi
   local args=()
-  local bounding
-  bounding=$((16#$(awk '/^CapBnd:/ { print $2 }' /proc/self/status)))
-  # 41 capabilities (CHECKPOINT_RESTORE is number 40).
-  if (((bounding & ((1 << 41) - 1)) != (1 << 41) - 1)); then
+  if lacks_capabilities; then
     args+=(--add-runtime "in-bounds=$here/runc-in-bounds" --default-runtime in-bounds)
   fi
   mkdir -p "$state"

@@ -1,4 +1,4 @@
-# What the kind scripts share; sourced, with $name set to the cluster's name.
+# What the kind scripts share; sourced. The cluster's functions use $name.
 # shellcheck shell=bash
 
 kind_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -6,6 +6,14 @@ log() { echo "kind: $*" >&2; }
 fail() {
   echo "kind: FAILED: $*" >&2
   exit 1
+}
+
+# Whether the machine's capability bounding set lacks any of the 41
+# capabilities (CHECKPOINT_RESTORE is number 40): `--privileged` asks for all.
+lacks_capabilities() {
+  local bounding
+  bounding=$((16#$(awk '/^CapBnd:/ { print $2 }' /proc/self/status)))
+  (((bounding & ((1 << 41) - 1)) != (1 << 41) - 1))
 }
 
 # kind itself: the one on PATH, or built from its Go module.

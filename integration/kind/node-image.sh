@@ -12,11 +12,13 @@
 # kube-scheduler, kube-proxy, etcd, CoreDNS, pause), imported into the node's
 # containerd under the names and tags kubeadm uses, so nothing is ever pulled.
 # Everything is cached in $KUBE_NFT_CACHE/kind (default /var/cache/kube-nft), keyed
-# by the versions below and this script; the image is also saved there, so a
+# by the versions below and this script (with lib.sh); the image is also saved there, so a
 # docker that lost it loads it instead of rebuilding. Needs root, docker (see
 # docker.sh), Go and Debian's archive.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=integration/kind/lib.sh
+. "$here/lib.sh"
 repo=$here/../..
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
@@ -33,7 +35,7 @@ crictl_version=1.36.0
 cni_plugins_version=1.9.1
 
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
-key=$(cat "$0" <(echo "$k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
+key=$(cat "$0" "$here/lib.sh" <(echo "$k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
 image=kube-nft.local/kind-node:v$k8s_version-$key
 saved=$cache/node-$key.tar
 log() { echo "kind node image: $*" >&2; }
@@ -150,22 +152,25 @@ if [ ! -x "$bin/pause" ]; then
 fi
 
 # --- the node's root ---
-kind_dir=$(go mod download -json "sigs.k8s.io/kind@v$kind_version" | jq -r .Dir)
-base=$cache/bookworm-node
-if [ ! -x "$base/usr/bin/jq" ]; then
-  log "debootstrap of the node's Debian bookworm (a minute or two)"
-  rm -rf "$base.partial"
-  debootstrap --variant=minbase \
-    --include=systemd,dbus,runc,libseccomp2,iptables,nftables,conntrack,iproute2,ethtool,kmod,ca-certificates,curl,jq,procps,netbase,util-linux,mount \
-    bookworm "$base.partial" http://deb.debian.org/debian >"$cache/bookworm-node.log" 2>&1 ||
-    { log "debootstrap failed, see $cache/bookworm-node.log"; exit 1; }
-  rm -rf "$base.partial/var/cache/apt/archives"/*.deb "$base.partial/var/lib/apt/lists"/*
-  mv "$base.partial" "$base"
-fi
+kind_module=$(go mod download -json "sigs.k8s.io/kind@v$kind_version" | jq -r .Dir)
+# A Debian bookworm root with PACKAGES in $cache/bookworm-NAME, made once.
+bookworm_root() {
+  local dir=$cache/bookworm-$1 packages=$2
+  if [ ! -d "$dir" ]; then
+    log "debootstrap of $dir (a minute or two)"
+    rm -rf "$dir.partial"
+    debootstrap --variant=minbase --include="$packages" bookworm "$dir.partial" http://deb.debian.org/debian \
+      >"$dir.log" 2>&1 || { log "debootstrap failed, see $dir.log"; exit 1; }
+    rm -rf "$dir.partial/var/cache/apt/archives"/*.deb "$dir.partial/var/lib/apt/lists"/*
+    mv "$dir.partial" "$dir"
+  fi
+  echo "$dir"
+}
+base=$(bookworm_root node systemd,dbus,runc,libseccomp2,iptables,nftables,conntrack,iproute2,ethtool,kmod,ca-certificates,curl,jq,procps,netbase,util-linux,mount)
 root=$cache/root-$key
 rm -rf "$root"
 cp -a "$base" "$root"
-files=$kind_dir/images/base/files
+files=$kind_module/images/base/files
 install -m 0755 "$files"/usr/local/bin/* "$root/usr/local/bin/"
 mkdir -p "$root/kind/bin" "$root/etc/containerd" "$root/etc/default" "$root/etc/sysctl.d" "$root/etc/systemd/system/kubelet.service.d"
 install -m 0644 "$files/kind/README.txt" "$root/kind/"
@@ -179,7 +184,7 @@ install -m 0644 "$files"/etc/systemd/system/kubelet.service.d/* "$root/etc/syste
 # The node cannot grant what the machine lacks either: a pod's negative
 # oom_score_adj needs CAP_SYS_RESOURCE, which machines like this one do not
 # have. containerd then leaves a pod's score as it finds it.
-if [ "$(awk '/^CapBnd:/ { print $2 }' /proc/self/status)" != 000001ffffffffff ]; then
+if lacks_capabilities; then
   sed -i 's/restrict_oom_score_adj = false/restrict_oom_score_adj = true/' "$root/etc/containerd/config.toml"
 fi
 install -m 0755 "$bin/containerd" "$bin/containerd-shim-runc-v2" "$bin/ctr" "$bin/crictl" "$root/usr/local/bin/"
@@ -231,16 +236,7 @@ cp "$bin/pause" "$images/pause-root/pause"
 from_scratch "registry.k8s.io/pause:$pause_version" "$images/pause-root" -c 'ENTRYPOINT ["/pause"]' -c 'USER 65535:65535'
 docker tag "registry.k8s.io/pause:$pause_version" registry.k8s.io/pause:3.10
 # kube-proxy calls nft, iptables and conntrack: a Debian root with them.
-proxy_root=$cache/bookworm-kube-proxy
-if [ ! -x "$proxy_root/usr/sbin/nft" ]; then
-  log "debootstrap of kube-proxy's Debian root"
-  rm -rf "$proxy_root.partial"
-  debootstrap --variant=minbase --include=iptables,nftables,conntrack,kmod,netbase \
-    bookworm "$proxy_root.partial" http://deb.debian.org/debian >"$cache/bookworm-kube-proxy.log" 2>&1 ||
-    { log "debootstrap failed, see $cache/bookworm-kube-proxy.log"; exit 1; }
-  rm -rf "$proxy_root.partial/var/cache/apt/archives"/*.deb "$proxy_root.partial/var/lib/apt/lists"/*
-  mv "$proxy_root.partial" "$proxy_root"
-fi
+proxy_root=$(bookworm_root kube-proxy iptables,nftables,conntrack,kmod,netbase)
 cp "$k8s_bin/kube-proxy" "$proxy_root/usr/local/bin/"
 from_scratch "registry.k8s.io/kube-proxy:v$k8s_version" "$proxy_root"
 preloaded=(
