@@ -17,6 +17,7 @@ mod common;
 use common::*;
 use kube_nft::bench::apiserver::{self, ApiServer, Kind};
 use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::Duration;
 
 /// The fixtures' `hostnames` Service and its endpoints: node1's ready pod, node2's
@@ -292,15 +293,23 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
     }
 }
 
+/// Also: the wait for an API server that never answers costs nothing. Each
+/// kind says once that it retries, and backs off; the main loop sleeps, also
+/// after the periodic full sync (here every second) falls due and cannot be done.
 #[test]
 fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
     let c = Cluster::new("api-down", &PODS[..1], &[9376]);
     // Nothing listens on port 1 of the node's fresh loopback: the daemon retries.
-    let d = start_daemon(&c, ["--master", "http://127.0.0.1:1"], &[]);
+    let d = start_daemon(
+        &c,
+        ["--master", "http://127.0.0.1:1"],
+        &["--sync-period", "1s"],
+    );
     wait_until(Duration::from_secs(10), "healthz to answer", || {
         http_status(c.node(), HEALTHZ, "/healthz").is_some()
     });
-    std::thread::sleep(Duration::from_secs(2));
+    let cpu_before = cpu_seconds(d.pid());
+    std::thread::sleep(Duration::from_secs(6));
     let (code, body) = http_status(c.node(), HEALTHZ, "/healthz").unwrap();
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("\"lastUpdated\":\"\""), "{body}");
@@ -309,7 +318,94 @@ fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
         "programmed before listing:\n{}",
         d.log_text()
     );
-    assert!(d.log_text().contains("retrying"), "{}", d.log_text());
+    let cpu = cpu_seconds(d.pid()) - cpu_before;
+    assert!(
+        cpu < 1.0,
+        "{cpu:.2} s of CPU in 6 s of waiting: a busy loop"
+    );
+    let log = d.log_text();
+    for kind in ["Services", "EndpointSlices", "Node", "ServiceCIDRs"] {
+        let said = log.matches(&format!("watching {kind}: ")).count();
+        assert_eq!(
+            said, 1,
+            "watching {kind}: said {said} times, not once:\n{log}"
+        );
+    }
+    assert!(
+        !log.contains("relisting"),
+        "nothing was listed to relist:\n{log}"
+    );
+}
+
+/// User and system CPU time a process has used, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's name, which is in parentheses.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // In clock ticks, which /proc gives in USER_HZ: 100 a second on Linux.
+    ticks as f64 / 100.0
+}
+
+/// Without `--kubeconfig` or `--master`, the in-cluster config or nothing, as
+/// kube-proxy: not `$KUBECONFIG` or `~/.kube/config`, even when they name a
+/// server that answers (on a node they are an administrator's).
+#[test]
+fn without_kubeconfig_or_master_only_the_in_cluster_config_is_used() {
+    let c = Cluster::new("api-incluster", &PODS[..1], &[9376]);
+    let api = ApiServer::start_in(c.node());
+    let home = c.scratch.0.join("home");
+    std::fs::create_dir_all(home.join(".kube")).unwrap();
+    let kubeconfig = home.join(".kube/config");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{name: test, cluster: {{server: \"{}\"}}}}]
+users: [{{name: test, user: {{token: not-checked}}}}]
+contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
+current-context: test
+",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", c.node(), BIN, "run", "--once"])
+        .args(["--hostname-override", "node1"])
+        .env("HOME", &home)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("still running after 20 s: it found an API server to wait for");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        !status.success(),
+        "synced from a kubeconfig it was not given"
+    );
+    assert!(err.contains("in-cluster"), "{err}");
+    assert!(
+        api.requests().is_empty(),
+        "asked the kubeconfig's server: {:?}",
+        api.requests()
+    );
+    assert!(!nft_list(c.node()).contains("kube-nft"));
 }
 
 /// Every recorded object converts as a proxy must read it.

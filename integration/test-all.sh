@@ -21,6 +21,7 @@ finish() {
      /^(guest: )?test result:/ { sub(/^guest: /, ""); for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^fuzz [a-z_]+: ok/ { p++ } /^fuzz [a-z_]+: FAILED/ { f++ }
      /^kind: ok: / { p++ } /^kind: FAILED: / { f++ }
+     /^step timed out: / { f++ }
      END { f += steps
            if (status != 0 && f == 0) { print "\nthe run stopped outside the tests (see above): counted as 1 failed"; f = 1 }
            printf "\ntotal: %d passed, %d failed\n", p, f }' "$log"
@@ -35,6 +36,17 @@ step() {
   local name=$1
   shift
   "$@" || { echo "step failed: $name" >&2; failed_steps+=("$name"); }
+}
+
+# Runs a stage with a time limit far above what it takes, so that a stage that
+# hangs fails here, by name, rather than running into CI's own limit with
+# nothing said. timeout signals the stage's whole process group.
+bounded() {
+  local limit=$1 what=$2 rc=0
+  shift 2
+  timeout --kill-after 30 "$limit" "$@" || rc=$?
+  [ "$rc" != 124 ] || echo "step timed out: $what did not finish within $((limit / 60)) min" >&2
+  return "$rc"
 }
 
 source integration/install-deps.sh
@@ -86,19 +98,19 @@ processes_before=$(left_processes)
   echo "left by an earlier run (not counted here): $namespaces_before $processes_before" >&2
 
 status=0
-cargo test --no-fail-fast 2>&1 | tee -a "$log" || status=$?
+bounded 1800 "cargo test" cargo test --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 # Every fuzz target for 15 s from its seeds (a longer run: integration/fuzz/run.sh
 # SECONDS). Each "fuzz TARGET: ok/FAILED" line counts as a test.
-bash integration/fuzz/run.sh 15 2>&1 | tee -a "$log" || status=$?
+bounded 1200 "the fuzz targets" bash integration/fuzz/run.sh 15 2>&1 | tee -a "$log" || status=$?
 # The IPVS tests, and the packet tests again, in Debian's 6.1 kernel under qemu
 # (this kernel has no IPVS). Its lines start with "guest: ".
-bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
+bounded 1800 "the 6.1 guest" bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
 # kube-nft as users run it: its image built from deploy/Containerfile, deployed
 # from deploy/ in a kind cluster (a control plane and two workers, real kubelet,
 # containerd, CoreDNS), and the same checks against real kube-proxy. Everything
 # is built here the first time (integration/kind/node-image.sh, cached). Each
 # "kind: ok:" or "kind: FAILED:" line counts as a test.
-bash integration/kind/test.sh 2>&1 | tee -a "$log" || status=$?
+bounded 3000 "the kind clusters" bash integration/kind/test.sh 2>&1 | tee -a "$log" || status=$?
 
 # Nothing the tests made may outlive them: their network namespaces (the
 # control planes' included) and their processes.

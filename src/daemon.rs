@@ -320,7 +320,10 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let service_health = (!once).then(HealthServers::start);
     let mut flows = StaleFlowCleaner::default();
     let mut last_sync: Option<Instant> = None;
-    let mut last_full = Instant::now();
+    // When the periodic full sync is next asked for. It moves on when asked, not
+    // only when a full sync is done: until every kind is listed none can be, and
+    // a deadline left in the past would turn the wait below into a busy loop.
+    let mut next_full = Instant::now() + settings.sync_period;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut was_ready = false;
@@ -337,9 +340,10 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
             was_ready = true;
         }
         let now = Instant::now();
-        if now.duration_since(last_full) >= settings.sync_period {
+        if now >= next_full {
             node_settings.apply(&mut engine, &store, true);
             engine.request_full_sync();
+            next_full = now + settings.sync_period;
         }
         let earliest = last_sync
             .map_or(now, |t| t + settings.min_sync_period)
@@ -354,7 +358,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
                 Ok(r) => {
                     let done = SystemTime::now();
                     if r.kind == SyncKind::Full {
-                        last_full = now;
+                        next_full = now + settings.sync_period;
                     }
                     log_sync(&r);
                     let now_unserved = engine.config().nodeports_unserved(store.state());
@@ -393,7 +397,6 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
             }
             continue;
         }
-        let next_full = last_full + settings.sync_period;
         let wake = if ready && engine.pending() {
             earliest.min(next_full)
         } else {

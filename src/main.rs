@@ -277,7 +277,8 @@ struct RunArgs {
     /// Read Services and EndpointSlices from manifests instead of an API server.
     #[arg(long, num_args = 1..)]
     manifests: Vec<PathBuf>,
-    /// The kubeconfig to reach the API server with (default: in-cluster, or $KUBECONFIG).
+    /// The kubeconfig to reach the API server with (default: the in-cluster config;
+    /// as kube-proxy, neither $KUBECONFIG nor ~/.kube/config is read).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The API server's URL (overrides the kubeconfig's).

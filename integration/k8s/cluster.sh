@@ -201,7 +201,8 @@ down() {
   done
 }
 
-kubectl() { ns_exec "$CONTROL_PLANE_NETNS" "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+# Every request is bounded, so that a stuck API server fails the caller instead of hanging it.
+kubectl() { ns_exec "$CONTROL_PLANE_NETNS" "$BIN/kubectl" --kubeconfig "$KUBECONFIG" --request-timeout 30s "$@"; }
 
 # deploy/ against the real API server: every manifest passes a server-side dry
 # run; the RBAC and ConfigMap are applied; kube-nft's ServiceAccount may read
@@ -227,7 +228,8 @@ deploy_manifests() {
 # and a token of its ServiceAccount with the cluster's CA where client
 # libraries look for them (a tmpfs on /run in a mount namespace of its own).
 # Each call writes its files in a directory of its own, as each pod gets its
-# own projected volume: nodes started at once must not share a file.
+# own projected volume: nodes started at once must not share a file. With
+# DAEMONSET_LIMIT set, kube-nft is stopped after that many seconds.
 daemonset_run() {
   local dir=$1 node=$2 node_name=$3; shift 3
   local pod_dir
@@ -238,8 +240,10 @@ daemonset_run() {
   cp "$CA" "$sa/ca.crt"
   echo kube-system >"$sa/namespace"
   kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$pod_dir/config.conf"
+  local bounded=()
+  [ -z "${DAEMONSET_LIMIT:-}" ] || bounded=(timeout --kill-after 5 "$DAEMONSET_LIMIT")
   # exec: the caller's process becomes kube-nft, so that stopping it stops kube-nft.
-  exec ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
+  exec "${bounded[@]}" ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
     unshare --mount --propagation private sh -c '
       mount -t tmpfs tmpfs /run &&
       mkdir -p /run/secrets/kubernetes.io &&
@@ -280,7 +284,7 @@ pod_ready() {
 # Talks to the API server from the control plane's namespace, as the admin.
 api() {
   local method=$1 path=$2 body=${3:-}
-  local args=(-sf --cacert "$CA" -H "Authorization: Bearer $ADMIN_TOKEN" -X "$method")
+  local args=(-sf -m 30 --cacert "$CA" -H "Authorization: Bearer $ADMIN_TOKEN" -X "$method")
   if [ -n "$body" ]; then
     local type=application/json
     [ "$method" = PATCH ] && type=application/merge-patch+json
@@ -318,8 +322,10 @@ smoke() {
   ip netns add "$node"
   join "$node" 10.100.0.11
   deploy_manifests
-  (daemonset_run "$dir" "$node" node-a --once) >"$dir/kube-nft.log" 2>&1 ||
-    { cat "$dir/kube-nft.log" >&2; log "kube-nft run --once failed"; exit 1; }
+  # --once waits for the API server as long as it takes: bounded here, so that
+  # a kube-nft that never gets through fails the test instead of hanging it.
+  (DAEMONSET_LIMIT=120 daemonset_run "$dir" "$node" node-a --once) >"$dir/kube-nft.log" 2>&1 ||
+    { tail -50 "$dir/kube-nft.log" >&2; log "kube-nft run --once failed, or did not finish within 120 s"; exit 1; }
   local listing
   listing=$(ns_exec "$node" nft list ruleset)
   for want in "$cluster_ip . tcp . 80" "0 : 10.244.1.10 . 9376" "1 : 10.244.1.11 . 9376" "numgen random mod 2 map @ep-"; do

@@ -15,6 +15,10 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export KUBE_NFT_KIND_IMAGES=${KUBE_NFT_KIND_IMAGES:-local}
 name=kt$$-kind
+# kind writes the cluster's credentials into $KUBECONFIG, else ~/.kube/config:
+# a file of this run's own, so that the machine's is neither read nor changed.
+kubeconfig_dir=$(mktemp -d)
+export KUBECONFIG=$kubeconfig_dir/config
 # shellcheck source=integration/kind/lib.sh
 . "$here/lib.sh"
 
@@ -30,6 +34,7 @@ docker info >/dev/null 2>&1 || started_docker=1
 cleanup() {
   "$(kind_bin)" delete cluster --name "$name" >/dev/null 2>&1
   docker network rm kind >/dev/null 2>&1
+  rm -rf "$kubeconfig_dir"
   for s in "${saved[@]}"; do sysctl -qw "$s"; done
   [ "$started_docker" = 0 ] || bash "$here/docker.sh" stop
   local left

@@ -26,8 +26,11 @@ pub struct Connection {
     pub master: Option<String>,
 }
 
-/// The client config: `--kubeconfig` (with `--master` overriding its server), else
-/// `--master` alone, else in-cluster or `$KUBECONFIG` as kubectl finds them.
+/// The client config, chosen as kube-proxy chooses it: `--kubeconfig` (with
+/// `--master` overriding its server), else `--master` alone, else the pod's
+/// in-cluster config. Never `$KUBECONFIG` or `~/.kube/config`, which kubectl
+/// reads: on a node they are often an administrator's, and a proxy that took
+/// them would watch as that user, or whatever cluster they name.
 pub async fn client_config(conn: &Connection) -> Result<Config, String> {
     let master = conn
         .master
@@ -46,9 +49,8 @@ pub async fn client_config(conn: &Connection) -> Result<Config, String> {
                 .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
         }
         (None, Some(url)) => Config::new(url),
-        (None, None) => Config::infer()
-            .await
-            .map_err(|e| format!("no --kubeconfig or --master, and not in a cluster: {e}"))?,
+        (None, None) => Config::incluster()
+            .map_err(|e| format!("no --kubeconfig or --master, and no in-cluster config: {e}"))?,
     };
     if let Some(url) = master {
         config.cluster_url = url;
@@ -132,27 +134,19 @@ async fn forward<K: Send + 'static, T: From<Update>>(
 ) {
     futures_util::pin_mut!(events);
     // client-go's reflector backoff (800 ms doubling to 30 s, with jitter),
-    // reset by any event.
+    // reset by progress: an object, or a list done. Not by `Init`, which the
+    // watcher sends before every list attempt, failed ones included.
     let mut backoff = watcher::DefaultBackoff::default();
     let mut failing = false;
-    let mut listed = false;
     while let Some(event) = events.next().await {
-        if event.is_ok() {
-            backoff.reset();
-        }
+        let progress = matches!(
+            event,
+            Ok(Event::InitApply(_) | Event::InitDone | Event::Apply(_) | Event::Delete(_))
+        );
         // A list goes out object by object as its pages arrive: converted and
         // dropped by the store at once, never held whole.
         let delta = match event {
-            Ok(Event::Init) => {
-                if listed {
-                    // What a relist costs is told by the sync that follows, if any.
-                    tracing::info!(
-                        "relisting {kind}: the watch could not resume from where it was (410 Gone)"
-                    );
-                }
-                listed = true;
-                Delta::ListStarted
-            }
+            Ok(Event::Init) => Delta::ListStarted,
             Ok(Event::InitApply(obj)) => Delta::Listing(Box::new(obj)),
             Ok(Event::InitDone) => Delta::Listed,
             Ok(Event::Apply(obj)) => Delta::Applied(Box::new(obj)),
@@ -165,25 +159,33 @@ async fn forward<K: Send + 'static, T: From<Update>>(
                 let _ = tx.send(wrap(Delta::Listed).into());
                 return;
             }
+            // An answering server saying the watch cannot resume: the watcher
+            // relists at once. Waiting first would add a second backoff, up to
+            // a minute, to an outage's end. What the relist costs is told by the
+            // sync that follows, if any.
+            Err(e) if is_gone(&e) => {
+                tracing::info!(
+                    "relisting {kind}: the watch could not resume from where it was (410 Gone)"
+                );
+                continue;
+            }
             Err(e) => {
                 if !failing {
                     tracing::warn!("watching {kind}: {e}; retrying with backoff, rules unchanged");
                 }
                 failing = true;
-                // A 410 Gone is an answering server saying the watch cannot
-                // resume: the watcher relists at once. Waiting first would add
-                // a second backoff, up to a minute, to an outage's end.
-                if !is_gone(&e) {
-                    if let Some(delay) = backoff.next() {
-                        tokio::time::sleep(delay).await;
-                    }
+                if let Some(delay) = backoff.next() {
+                    tokio::time::sleep(delay).await;
                 }
                 continue;
             }
         };
-        if failing {
-            tracing::info!("watching {kind} again");
-            failing = false;
+        if progress {
+            backoff.reset();
+            if failing {
+                tracing::info!("watching {kind} again");
+                failing = false;
+            }
         }
         if tx.send(wrap(delta).into()).is_err() {
             return;
