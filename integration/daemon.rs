@@ -399,6 +399,45 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
     assert!(!answers(c.client(), "10.96.0.10:80"));
 }
 
+/// While kube-proxy still runs on a node (a move to kube-nft), it holds the
+/// health and metrics ports. kube-nft serves them once they are free, as
+/// kube-proxy tries a taken port again every 5 s: otherwise its probes would
+/// fail from the moment kube-proxy goes, and the kubelet would restart it.
+#[test]
+fn a_health_port_held_by_another_process_is_served_once_it_is_free() {
+    let c = Cluster::new("ports", &WEB_PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let healthz = "127.0.0.1:10256";
+    let held = kube_nft::netns::in_netns(c.node(), move || std::net::TcpListener::bind(healthz))
+        .unwrap()
+        .expect("binding the port first");
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("daemon.log"),
+        &[
+            "--hostname-override",
+            "node1",
+            "--healthz-bind-address",
+            healthz,
+        ],
+    );
+    wait_until(Duration::from_secs(10), "the VIP to answer", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    assert!(
+        d.log_text().contains("trying again every 5 s"),
+        "{}",
+        d.log_text()
+    );
+    drop(held);
+    wait_until(
+        Duration::from_secs(12),
+        "kube-nft to serve /healthz on the freed port",
+        || http_status(c.node(), healthz, "/healthz").is_some_and(|(code, _)| code == 200),
+    );
+}
+
 /// kubeadm's kube-proxy ConfigMap, every field present, in nftables mode.
 const KUBEADM_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

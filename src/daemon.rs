@@ -116,20 +116,19 @@ impl NodeSettings {
     }
 }
 
-/// Starts the healthz and metrics servers; a port that cannot be bound is logged
-/// and skipped, as kube-proxy does by default.
+/// Starts the healthz and metrics servers; a port that cannot be bound is
+/// logged and tried again until it can be, as kube-proxy does by default.
 fn start_servers(settings: &Settings, health: &Arc<ProxyHealth>, metrics: &Arc<Metrics>) {
     if let Some(addr) = settings.healthz_bind_address {
         let h = health.clone();
-        match crate::http::serve(addr, move |path| h.respond(path)) {
-            Ok(a) => tracing::info!("healthz on http://{a}/healthz and /livez"),
-            Err(e) => tracing::error!("healthz server on {addr}: {e}"),
-        }
+        crate::http::serve_when_free("healthz (/healthz, /livez)", addr, move |path| {
+            h.respond(path)
+        });
     }
     if let Some(addr) = settings.metrics_bind_address {
         let m = metrics.clone();
         let h = health.clone();
-        let served = crate::http::serve(addr, move |path| match path {
+        crate::http::serve_when_free("metrics (/metrics)", addr, move |path| match path {
             "/metrics" => Response {
                 status: 200,
                 content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -139,10 +138,6 @@ fn start_servers(settings: &Settings, health: &Arc<ProxyHealth>, metrics: &Arc<M
             "/healthz" | "/livez" => h.respond(path),
             _ => Response::not_found(),
         });
-        match served {
-            Ok(a) => tracing::info!("metrics on http://{a}/metrics"),
-            Err(e) => tracing::error!("metrics server on {addr}: {e}"),
-        }
     }
 }
 

@@ -83,6 +83,42 @@ pub fn serve(
     Ok(bound)
 }
 
+/// How long a server whose port is taken waits before trying again: kube-proxy's.
+const BIND_RETRY: Duration = Duration::from_secs(5);
+
+/// [`serve`], but a port that cannot be bound is tried again every 5 s until it
+/// can, as kube-proxy does unless `--bind-address-hard-fail`. While kube-proxy
+/// still runs on the node (a move from it to kube-nft), it holds the health and
+/// metrics ports; ours come up the moment it goes. Says once why it waits, and
+/// when it serves.
+pub fn serve_when_free(
+    what: &'static str,
+    addr: SocketAddr,
+    handler: impl Fn(&str) -> Response + Send + Sync + 'static,
+) {
+    let handler = Arc::new(handler);
+    let bind = move || {
+        let handler = handler.clone();
+        serve(addr, move |path| handler(path))
+    };
+    match bind() {
+        Ok(bound) => tracing::info!("{what} on http://{bound}"),
+        Err(e) => {
+            tracing::error!(
+                "{what} on {addr}: {e}; trying again every {} s",
+                BIND_RETRY.as_secs()
+            );
+            std::thread::spawn(move || loop {
+                std::thread::sleep(BIND_RETRY);
+                if let Ok(bound) = bind() {
+                    tracing::info!("{what} on http://{bound}, now that it is free");
+                    return;
+                }
+            });
+        }
+    }
+}
+
 fn answer(mut conn: TcpStream, handler: &dyn Fn(&str) -> Response) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let head = read_request_head(&mut conn, 8192);

@@ -42,37 +42,8 @@ grep -q "Address:.*$(kubectl get service kubernetes -o jsonpath='{.spec.clusterI
   fail "CoreDNS at $dns answered without the kubernetes Service's address: $answer"
 ok "CoreDNS answers through its ClusterIP $dns"
 
-# 2. hostnames: each pod serves its own name, as upstream's serve_hostname does.
-# An earlier run's, pods and all.
-kubectl delete deployment hostnames --ignore-not-found --cascade=foreground --wait >/dev/null
-kubectl delete service hostnames --ignore-not-found --wait >/dev/null
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: hostnames}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: hostnames}}
-  template:
-    metadata: {labels: {app: hostnames}}
-    spec:
-      terminationGracePeriodSeconds: 5
-      containers:
-      - name: hostnames
-        image: $busybox
-        command: [sh, -c, 'mkdir -p /www && hostname >/www/index.html && exec httpd -f -p 9376 -h /www']
-        ports: [{containerPort: 9376}]
-        readinessProbe: {httpGet: {path: /, port: 9376}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: hostnames}
-spec:
-  type: NodePort
-  selector: {app: hostnames}
-  ports: [{port: 80, targetPort: 9376}]
-EOF
-kubectl rollout status deployment/hostnames --timeout=300s >/dev/null
+# 2. hostnames: each pod serves its own name.
+deploy_hostnames
 # CoreDNS caches an answer for up to 30 s: after an earlier run, the name may
 # still give the deleted Service's address. The proxy is what is checked here.
 vip=$(kubectl get service hostnames -o jsonpath='{.spec.clusterIP}')

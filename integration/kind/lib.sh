@@ -54,3 +54,64 @@ retry() {
   done
   "$@"
 }
+
+# kube-nft's image as users build it, from deploy/Containerfile with the
+# sources alone as its context, loaded into the cluster's nodes.
+load_kube_nft_image() {
+  local build_args=()
+  if [ "${KUBE_NFT_KIND_IMAGES:-published}" = local ]; then
+    build_args=(--build-arg "BUILDER=$(bash "$kind_dir/local-images.sh" builder)"
+      --build-arg "BASE=$(bash "$kind_dir/local-images.sh" base)")
+  fi
+  (cd "$kind_dir/../.." && tar -c Cargo.toml Cargo.lock src nft-templates integration/*.rs deploy/Containerfile) |
+    DOCKER_BUILDKIT=0 docker build -q --force-rm -f deploy/Containerfile "${build_args[@]}" -t kube-nft:latest - >/dev/null
+  log "kube-nft:latest is $(docker image inspect -f '{{.Size}}' kube-nft:latest | awk '{ printf "%.1f MB", $1 / 1e6 }')"
+  "$(kind_bin)" load docker-image --name "$name" kube-nft:latest
+}
+
+# deploy/ applied as it is but for the API server's address, one that works
+# before any Service does. Returns once kube-nft's DaemonSet is rolled out.
+deploy_kube_nft() {
+  local deploy=$kind_dir/../../deploy
+  kubectl apply -f - <"$deploy/rbac.yaml"
+  kubectl apply -f - <"$deploy/config.yaml"
+  sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" "$deploy/daemonset.yaml" | kubectl apply -f -
+  kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
+}
+
+# upstream's `hostnames` example: 3 pods that each serve their own name on 9376
+# (as serve_hostname does), behind a NodePort Service on 80. An earlier run's
+# goes first, pods and all. Returns once the pods are ready.
+deploy_hostnames() {
+  local busybox
+  busybox=$(busybox_image)
+  kubectl delete deployment hostnames --ignore-not-found --cascade=foreground --wait >/dev/null
+  kubectl delete service hostnames --ignore-not-found --wait >/dev/null
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: hostnames}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: hostnames}}
+  template:
+    metadata: {labels: {app: hostnames}}
+    spec:
+      terminationGracePeriodSeconds: 5
+      containers:
+      - name: hostnames
+        image: $busybox
+        command: [sh, -c, 'mkdir -p /www && hostname >/www/index.html && exec httpd -f -p 9376 -h /www']
+        ports: [{containerPort: 9376}]
+        readinessProbe: {httpGet: {path: /, port: 9376}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: hostnames}
+spec:
+  type: NodePort
+  selector: {app: hostnames}
+  ports: [{port: 80, targetPort: 9376}]
+EOF
+  kubectl rollout status deployment/hostnames --timeout=300s >/dev/null
+}

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The kind part of the test command: a cluster whose proxy is kube-nft, deployed
 # as users deploy it, checked (checks.sh); the same checks against real
-# kube-proxy in nftables mode; then everything deleted.
+# kube-proxy in nftables mode, whose cluster is then moved to kube-nft and back
+# under load (migrate.sh), as is one with kube-proxy in iptables mode; then
+# everything deleted.
 #
 #   integration/kind/test.sh     # as root; prints "kind: ok: …" or "kind: FAILED: …" per check
 #
@@ -43,15 +45,30 @@ cleanup() {
 }
 trap cleanup EXIT
 sysctl -qw fs.inotify.max_user_instances=512 fs.inotify.max_user_watches=524288
+bash "$here/docker.sh" start
+
+# A run that was killed leaves its cluster running, and its nodes start again
+# with dockerd: deleted here, as named by a process that is gone.
+for cluster in $("$(kind_bin)" get clusters 2>/dev/null); do
+  [[ $cluster =~ ^kt([0-9]+)-kind$ ]] && [ ! -d "/proc/${BASH_REMATCH[1]}" ] || continue
+  log "deleting $cluster, left by an earlier run"
+  "$(kind_bin)" delete cluster --name "$cluster" >/dev/null 2>&1
+done
 
 status=0
-for proxy in kube-nft kube-proxy-nftables; do
+# kube-proxy in iptables mode is here for the move to kube-nft and back only.
+for proxy in kube-nft kube-proxy-nftables kube-proxy-iptables; do
   started=$(date +%s)
   if ! bash "$here/up.sh" --proxy "$proxy" "$name"; then
     echo "kind: FAILED: a cluster with $proxy did not come up" >&2
     status=1
-  elif ! bash "$here/checks.sh" --proxy "$proxy" "$name"; then
-    status=1
+  else
+    if [ "$proxy" != kube-proxy-iptables ]; then
+      bash "$here/checks.sh" --proxy "$proxy" "$name" || status=1
+    fi
+    if [ "$proxy" != kube-nft ]; then
+      bash "$here/migrate.sh" --from "$proxy" "$name" || status=1
+    fi
   fi
   bash "$here/up.sh" --down "$name" >/dev/null 2>&1
   log "$proxy: $(($(date +%s) - started)) s"

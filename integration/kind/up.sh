@@ -95,24 +95,8 @@ EOF
 fi
 
 if [ "$proxy" = kube-nft ]; then
-  # kube-nft's image, from deploy/Containerfile, with the sources alone as its
-  # context.
-  build_args=()
-  if [ "$images" = local ]; then
-    build_args=(--build-arg "BUILDER=$(bash "$kind_dir/local-images.sh" builder)"
-      --build-arg "BASE=$(bash "$kind_dir/local-images.sh" base)")
-  fi
-  tar -c Cargo.toml Cargo.lock src nft-templates integration/*.rs deploy/Containerfile |
-    DOCKER_BUILDKIT=0 docker build -q --force-rm -f deploy/Containerfile "${build_args[@]}" -t kube-nft:latest - >/dev/null
-  log "kube-nft:latest is $(docker image inspect -f '{{.Size}}' kube-nft:latest | awk '{ printf "%.1f MB", $1 / 1e6 }')"
-  "$kind" load docker-image --name "$name" kube-nft:latest
-
-  # deploy/ as it is, but for the API server's address: one that works before
-  # any Service does.
-  kubectl apply -f - <deploy/rbac.yaml
-  kubectl apply -f - <deploy/config.yaml
-  sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" deploy/daemonset.yaml | kubectl apply -f -
-  kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
+  load_kube_nft_image
+  deploy_kube_nft
 else
   kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s
 fi

@@ -197,7 +197,7 @@ impl FileConfig {
         must_be_unset(
             "bindAddressHardFail",
             &self.bind_address_hard_fail,
-            "kube-nft logs a port it cannot bind and goes on (kube-proxy's default)",
+            "kube-nft logs a port it cannot bind and tries it again every 5 s (kube-proxy's default)",
         )?;
         must_be_unset(
             "enableProfiling",
