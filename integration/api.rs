@@ -49,6 +49,19 @@ fn wait_ready(c: &Cluster, limit: Duration) {
     });
 }
 
+/// A kubeconfig naming `server`, with a token the fake API server does not check.
+fn kubeconfig_for(server: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters: [{{name: test, cluster: {{server: \"{server}\"}}}}]
+users: [{{name: test, user: {{token: not-checked}}}}]
+contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
+current-context: test
+"
+    )
+}
+
 fn names(t: &Tally) -> BTreeSet<String> {
     t.answers.keys().cloned().collect()
 }
@@ -357,20 +370,7 @@ fn without_kubeconfig_or_master_only_the_in_cluster_config_is_used() {
     let home = c.scratch.0.join("home");
     std::fs::create_dir_all(home.join(".kube")).unwrap();
     let kubeconfig = home.join(".kube/config");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: \"{}\"}}}}]
-users: [{{name: test, user: {{token: not-checked}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
-current-context: test
-",
-            api.url()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&kubeconfig, kubeconfig_for(&api.url())).unwrap();
     let mut child = Command::new("ip")
         .args(["netns", "exec", c.node(), BIN, "run", "--once"])
         .args(["--hostname-override", "node1"])
@@ -480,19 +480,7 @@ fn a_kubeconfig_reaches_the_api_server_and_long_lists_are_paged() {
             &service(&format!("s{i}"), &[&vip(i)], &[tcp(80, 9376)]),
         );
     }
-    let kubeconfig = c.scratch.write(
-        "kubeconfig",
-        &format!(
-            "apiVersion: v1
-kind: Config
-clusters: [{{name: test, cluster: {{server: \"{}\"}}}}]
-users: [{{name: test, user: {{token: not-checked}}}}]
-contexts: [{{name: test, context: {{cluster: test, user: test}}}}]
-current-context: test
-",
-            api.url()
-        ),
-    );
+    let kubeconfig = c.scratch.write("kubeconfig", &kubeconfig_for(&api.url()));
     let d = start_daemon(
         &c,
         ["--kubeconfig", kubeconfig.to_str().unwrap()],

@@ -60,13 +60,19 @@ client_loop() {
 # The Pods of a DaemonSet's label, one name a line.
 pods_of() { kubectl -n kube-system get pods -l "k8s-app=$1" -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
 
-# Runs a cleanup DaemonSet of deploy/migration/ on every node, then deletes it.
+# Runs OLD's cleanup DaemonSet of deploy/migration/ on every node, deletes it,
+# and checks each node: OLD's rules gone, NEW's there.
 run_cleanup() {
-  local manifest=$repo/deploy/migration/$1-cleanup.yaml
+  local old=$1 new=$2 n
+  local manifest=$repo/deploy/migration/$old-cleanup.yaml
   kubectl apply -f - <"$manifest" >/dev/null
-  kubectl -n kube-system rollout status "daemonset/$1-cleanup" --timeout=180s >/dev/null ||
-    fail "$1 --cleanup did not finish on every node: $(kubectl -n kube-system get pods -l "k8s-app=$1-cleanup" -o wide)"
+  kubectl -n kube-system rollout status "daemonset/$old-cleanup" --timeout=180s >/dev/null ||
+    fail "$old's cleanup did not finish on every node: $(kubectl -n kube-system get pods -l "k8s-app=$old-cleanup" -o wide)"
   kubectl delete -f - --wait <"$manifest" >/dev/null
+  for n in $(nodes); do
+    ! node_has "$n" "$old" || fail "$old's rules are still on $n after its cleanup"
+    node_has "$n" "$new" || fail "$new's rules are not on $n"
+  done
 }
 
 # Whether kube-nft in this pod has synced once: its log says so (its health
@@ -119,11 +125,7 @@ kubectl -n kube-system patch daemonset kube-proxy \
   -p '{"spec":{"template":{"spec":{"nodeSelector":{"kube-nft.io/kube-proxy":"stopped"}}}}}' >/dev/null
 kubectl -n kube-system wait --for=delete pod -l k8s-app=kube-proxy --timeout=300s >/dev/null ||
   fail "kube-proxy's pods did not go: $(pods_of kube-proxy | xargs)"
-run_cleanup kube-proxy
-for n in $(nodes); do
-  ! node_has "$n" kube-proxy || fail "kube-proxy's rules are still on $n after kube-proxy --cleanup"
-  node_has "$n" kube-nft || fail "kube-nft's rules are not on $n"
-done
+run_cleanup kube-proxy kube-nft
 sleep 5
 to_end=$(now)
 
@@ -136,11 +138,7 @@ for pod in $(pods_of kube-proxy); do
   retry 120 kube_proxy_synced "$pod" || fail "kube-proxy in $pod has not programmed its rules"
 done
 kubectl -n kube-system delete daemonset kube-nft --cascade=foreground --wait >/dev/null
-run_cleanup kube-nft
-for n in $(nodes); do
-  ! node_has "$n" kube-nft || fail "kube-nft's rules are still on $n after kube-nft cleanup"
-  node_has "$n" kube-proxy || fail "kube-proxy's rules are not on $n"
-done
+run_cleanup kube-nft kube-proxy
 sleep 5
 back_end=$(now)
 
