@@ -382,17 +382,8 @@ fn without_kubeconfig_or_master_only_the_in_cluster_config_is_used() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("still running after 20 s: it found an API server to wait for");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = exit_within(&mut child, Duration::from_secs(20))
+        .expect("still running after 20 s: it found an API server to wait for");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert!(

@@ -108,17 +108,7 @@ fn a_kept_lab_does_not_hold_its_output_pipe_open() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    let finished = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > std::time::Duration::from_secs(30) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let finished = exit_within(&mut child, std::time::Duration::from_secs(30));
     for ns in ["node", "client", "p0", "p1", "p2"].map(|n| format!("{prefix}-{n}")) {
         let _ = Command::new("sh")
             .arg("-c")

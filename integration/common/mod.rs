@@ -401,6 +401,26 @@ impl Drop for Daemon {
 }
 
 /// Polls `f` every 100 ms until it holds; returns how long that took.
+/// Waits up to `limit` for `child` to exit: its status, or `None` after killing
+/// it, for a test that must fail rather than hang on a process that never ends.
+pub fn exit_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 pub fn wait_until(limit: Duration, what: &str, mut f: impl FnMut() -> bool) -> Duration {
     let start = std::time::Instant::now();
     while !f() {

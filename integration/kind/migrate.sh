@@ -7,7 +7,7 @@
 #
 # NAME is a cluster that `up.sh --proxy FROM` made. To kube-nft:
 #   1. deploy/ applied; each kube-nft pod has synced once. Both proxies now
-#      serve; kube-proxy's hooks, older at the same priorities, act first.
+#      serve; kube-proxy's hooks (dstnat) act before kube-nft's (dstnat + 1).
 #   2. kube-proxy stopped: its DaemonSet gets a nodeSelector that no node
 #      matches (its manifest and ConfigMap stay, for the way back). Its rules
 #      stay, and serve, until
@@ -37,10 +37,8 @@ kube-proxy-nftables) mode=nftables ;;
 kube-proxy-iptables) mode=iptables ;;
 *) fail "--from is kube-proxy-nftables or kube-proxy-iptables" ;;
 esac
-what="migration between $from and kube-nft"
-ok() { echo "kind: ok: $what: $*" >&2; }
 fail() {
-  echo "kind: FAILED: $what: $*" >&2
+  echo "kind: FAILED: migration between $from and kube-nft: $*" >&2
   exit 1
 }
 busybox=$(busybox_image)

@@ -12,8 +12,8 @@
 # kube-scheduler, kube-proxy, etcd, CoreDNS, pause), imported into the node's
 # containerd under the names and tags kubeadm uses, so nothing is ever pulled.
 # Everything is cached in $KUBE_NFT_CACHE/kind (default /var/cache/kube-nft), keyed
-# by the versions below and this script (with lib.sh); the image is also saved there, so a
-# docker that lost it loads it instead of rebuilding. Needs root, docker (see
+# by the versions below, this script and the machine's capabilities; the image
+# is also saved there, so a docker that lost it loads it instead of rebuilding. Needs root, docker (see
 # docker.sh), Go and Debian's archive.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +35,10 @@ crictl_version=1.36.0
 cni_plugins_version=1.9.1
 
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
-key=$(cat "$0" "$here/lib.sh" <(echo "$k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
+# The key holds what the image is made of: this script, the versions, and
+# whether the machine lacks capabilities (containerd's config differs).
+restricted=$(lacks_capabilities && echo restrict_oom_score_adj || true)
+key=$(cat "$0" <(echo "$restricted $k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
 image=kube-nft.local/kind-node:v$k8s_version-$key
 saved=$cache/node-$key.tar
 log() { echo "kind node image: $*" >&2; }
