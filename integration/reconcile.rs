@@ -1,23 +1,158 @@
-//! Incremental reconciliation against a real kernel: partial syncs send only what
-//! changed and leave the kernel equal to the desired ruleset; a restart over a
-//! correct ruleset writes nothing; a refused transaction changes nothing and the
-//! next sync repairs.
+//! Incremental reconciliation: partial syncs send only what changed and leave
+//! the kernel equal to the desired ruleset; a restart over a correct ruleset
+//! writes nothing; a refused transaction changes nothing and the next sync
+//! repairs.
+//!
+//! Each case is written once, generic over the kernel, and `cases!` runs the
+//! list twice: `namespace::` in a fresh network namespace (root), and `fake::`
+//! against `FakeKernel` (no root, milliseconds). The fake is worth its speed
+//! only while the kernel agrees with it, so no case runs on one side alone.
 
 mod common;
 
 use common::*;
-use kube_nft::bench::{add_bench_service, service_key, set_bench_endpoints, test_endpoint};
+use kube_nft::synthetic::{add_service, endpoint, service_key, set_endpoints};
 
 use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::dataplane::SyncKind;
-use kube_nft::engine::Proxy;
-use kube_nft::netlink::NftSocket;
+use kube_nft::engine::{Engine, Proxy};
+use kube_nft::netlink::objects::{KernelElement, KernelTable};
+use kube_nft::netlink::{Batch, Committed, NftError, NftSocket};
 use kube_nft::netns::{in_netns, Netns};
-use kube_nft::nft::kernel;
+use kube_nft::nft::dataplane::NftDataplane;
+use kube_nft::nft::fake::FakeKernel;
+use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use kube_nft::nft::translate::{translate, Ruleset};
+use kube_nft::nft::view::{RuleView, TableView};
 use kube_nft::ruleset::{Field, Rule, Stmt, TableId};
+use std::cell::Cell;
+use std::rc::Rc;
+
+/// One kernel, as a case sees it: any number of handles on the same tables.
+trait Kernel {
+    type Handle: NftKernel + 'static;
+    fn handle(&self) -> Self::Handle;
+}
+
+/// The kernel of the network namespace the case runs in.
+struct Namespace;
+
+impl Kernel for Namespace {
+    type Handle = NftSocket;
+    fn handle(&self) -> NftSocket {
+        NftSocket::open().unwrap()
+    }
+}
+
+impl Kernel for FakeKernel {
+    type Handle = FakeKernel;
+    fn handle(&self) -> FakeKernel {
+        self.clone()
+    }
+}
+
+/// A kernel under test, and how many transactions the proxies over it sent.
+struct Harness<K> {
+    kernel: K,
+    commits: Rc<Cell<usize>>,
+}
+
+impl<K: Kernel> Harness<K> {
+    fn new(kernel: K) -> Self {
+        Harness {
+            kernel,
+            commits: Rc::default(),
+        }
+    }
+
+    /// A new proxy (a new process, as far as the kernel knows) over this kernel.
+    fn proxy(&self, config: NodeConfig) -> Proxy {
+        let counted = Counted {
+            inner: self.kernel.handle(),
+            commits: self.commits.clone(),
+        };
+        let nft = NftDataplane::with_kernel(counted);
+        Proxy::new(Engine::new(config, vec![Box::new(nft)]))
+    }
+
+    fn read_table(&self, table: TableId) -> KernelTable {
+        self.kernel.handle().read_table(table).unwrap().unwrap()
+    }
+
+    /// Commits `batch` behind the proxies' backs.
+    fn commit(&self, batch: Batch) -> Result<Committed, NftError> {
+        self.kernel.handle().commit(batch)
+    }
+}
+
+/// A kernel handle that counts the transactions sent through it.
+struct Counted<H> {
+    inner: H,
+    commits: Rc<Cell<usize>>,
+}
+
+impl<H: NftKernel> NftKernel for Counted<H> {
+    fn read_view(&mut self, table: TableId) -> Result<Option<TableView>, NftError> {
+        self.inner.read_view(table)
+    }
+    fn read_views(&mut self) -> Result<kernel::Views, NftError> {
+        self.inner.read_views()
+    }
+    fn read_chain_rules(&mut self, table: TableId, chain: &str) -> Result<Vec<RuleView>, NftError> {
+        self.inner.read_chain_rules(table, chain)
+    }
+    fn read_set_elements(
+        &mut self,
+        table: TableId,
+        set: &str,
+    ) -> Result<Vec<KernelElement>, NftError> {
+        self.inner.read_set_elements(table, set)
+    }
+    fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError> {
+        self.inner.read_table(table)
+    }
+    fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
+        self.commits.set(self.commits.get() + 1);
+        self.inner.commit(batch)
+    }
+}
+
+/// Every case, run against both kernels.
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {
+        mod namespace {
+            $(
+                #[test]
+                fn $case() {
+                    super::require_root();
+                    let ns = super::Netns::create(&super::unique(stringify!($case))).unwrap();
+                    super::in_netns(&ns.name, || super::$case(&super::Harness::new(super::Namespace)))
+                        .unwrap();
+                }
+            )*
+        }
+        mod fake {
+            $(
+                #[test]
+                fn $case() {
+                    super::$case(&super::Harness::new(super::FakeKernel::new()));
+                }
+            )*
+        }
+    };
+}
+
+cases!(
+    partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset,
+    partial_syncs_keep_counters_in_step,
+    restart_over_a_correct_ruleset_writes_nothing,
+    endpoint_change_transaction_size_does_not_grow_with_services,
+    refused_transaction_changes_nothing_and_the_next_full_sync_repairs,
+    a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync,
+    a_chain_an_element_points_to_cannot_be_deleted,
+);
 
 fn config() -> NodeConfig {
     NodeConfig {
@@ -31,47 +166,18 @@ fn config() -> NodeConfig {
     }
 }
 
-/// Runs `f` with a proxy inside a fresh namespace.
-fn with_proxier<T: Send + 'static>(
-    tag: &str,
-    f: impl FnOnce(&mut Proxy) -> T + Send + 'static,
-) -> T {
-    with_proxier_config(tag, config(), f)
-}
-
-fn with_proxier_config<T: Send + 'static>(
-    tag: &str,
-    config: NodeConfig,
-    f: impl FnOnce(&mut Proxy) -> T + Send + 'static,
-) -> T {
-    require_root();
-    let ns = Netns::create(&unique(tag)).unwrap();
-    in_netns(&ns.name, move || {
-        let mut p = Proxy::new(config).unwrap();
-        f(&mut p)
-    })
-    .unwrap()
-}
-
-/// Our own nf_tables socket in the current namespace, for reading back.
-fn socket() -> NftSocket {
-    NftSocket::open().unwrap()
-}
-
 /// A named change to the model.
 type Step = (&'static str, Box<dyn Fn(&mut Proxy)>);
 
-#[test]
-fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset() {
-    check_partial_syncs("partial", config());
+fn partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset(h: &Harness<impl Kernel>) {
+    check_partial_syncs(h, config());
 }
 
 /// The same steps with a named counter per Service port: Services added and
 /// deleted take their counters and counter-map elements with them.
-#[test]
-fn partial_syncs_keep_counters_in_step() {
+fn partial_syncs_keep_counters_in_step(h: &Harness<impl Kernel>) {
     check_partial_syncs(
-        "partialc",
+        h,
         NodeConfig {
             counters: true,
             ..config()
@@ -79,245 +185,152 @@ fn partial_syncs_keep_counters_in_step() {
     );
 }
 
-fn check_partial_syncs(tag: &str, config: NodeConfig) {
-    with_proxier_config(tag, config, |p| {
-        for i in 0..20 {
-            add_bench_service(p, i, 1 + i % 5);
-        }
-        assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
-        assert!(p.verify().unwrap());
-        let steps: Vec<Step> = vec![
-            (
-                "add an endpoint",
-                Box::new(|p| {
-                    p.update(&service_key(3), |s| {
-                        set_bench_endpoints(
-                            s,
-                            3,
-                            &[
-                                test_endpoint(3, 0),
-                                test_endpoint(3, 1),
-                                test_endpoint(3, 2),
-                                test_endpoint(3, 3),
-                                test_endpoint(3, 9),
-                            ],
-                        )
-                    })
-                }),
-            ),
-            (
-                "remove a middle endpoint",
-                Box::new(|p| {
-                    p.update(&service_key(4), |s| {
-                        set_bench_endpoints(
-                            s,
-                            4,
-                            &[
-                                test_endpoint(4, 0),
-                                test_endpoint(4, 2),
-                                test_endpoint(4, 3),
-                                test_endpoint(4, 4),
-                            ],
-                        )
-                    })
-                }),
-            ),
-            (
-                "replace an endpoint",
-                Box::new(|p| {
-                    p.update(&service_key(2), |s| {
-                        set_bench_endpoints(
-                            s,
-                            2,
-                            &[
-                                test_endpoint(2, 0),
-                                test_endpoint(2, 7),
-                                test_endpoint(2, 2),
-                            ],
-                        )
-                    })
-                }),
-            ),
-            (
-                "remove every endpoint",
-                Box::new(|p| p.update(&service_key(1), |s| set_bench_endpoints(s, 1, &[]))),
-            ),
-            (
-                "endpoints come back",
-                Box::new(|p| {
-                    p.update(&service_key(1), |s| {
-                        set_bench_endpoints(s, 1, &[test_endpoint(1, 5)])
-                    })
-                }),
-            ),
-            (
-                "delete a Service",
-                Box::new(|p| {
-                    p.update(&service_key(0), |s| {
-                        s.services.remove(&service_key(0));
-                        s.slices.remove(&service_key(0));
-                    })
-                }),
-            ),
-            ("add a Service", Box::new(|p| add_bench_service(p, 40, 3))),
-            (
-                "two Services share an endpoint address",
-                Box::new(|p| {
-                    p.update(&service_key(5), |s| {
-                        set_bench_endpoints(s, 5, &[test_endpoint(6, 0)])
-                    })
-                }),
-            ),
-            (
-                "and one lets it go",
-                Box::new(|p| {
-                    p.update(&service_key(5), |s| {
-                        set_bench_endpoints(s, 5, &[test_endpoint(5, 0)])
-                    })
-                }),
-            ),
-            (
-                "session affinity turned on (a timeout set per endpoint)",
-                Box::new(|p| {
-                    p.update(&service_key(7), |s| {
-                        s.services
-                            .get_mut(&service_key(7))
-                            .unwrap()
-                            .affinity_timeout = Some(600)
-                    })
-                }),
-            ),
-            (
-                "an affinity endpoint leaves, its set with it",
-                Box::new(|p| {
-                    p.update(&service_key(7), |s| {
-                        set_bench_endpoints(s, 7, &[test_endpoint(7, 1)])
-                    })
-                }),
-            ),
-            (
-                "a new affinity timeout (new sets, old ones deleted)",
-                Box::new(|p| {
-                    p.update(&service_key(7), |s| {
-                        s.services
-                            .get_mut(&service_key(7))
-                            .unwrap()
-                            .affinity_timeout = Some(60)
-                    })
-                }),
-            ),
-            (
-                "session affinity turned off",
-                Box::new(|p| {
-                    p.update(&service_key(7), |s| {
-                        s.services
-                            .get_mut(&service_key(7))
-                            .unwrap()
-                            .affinity_timeout = None
-                    })
-                }),
-            ),
-            (
-                "a NodePort with a Local policy (external-, svc- and local- chains)",
-                Box::new(|p| {
-                    p.update(&service_key(9), |s| {
-                        let svc = s.services.get_mut(&service_key(9)).unwrap();
-                        svc.external_policy_local = true;
-                        svc.ports[0].node_port = Some(30009);
-                    })
-                }),
-            ),
-            (
-                "it loses every endpoint (chains that jump to each other go together)",
-                Box::new(|p| p.update(&service_key(9), |s| set_bench_endpoints(s, 9, &[]))),
-            ),
-        ];
-        for (what, step) in steps {
-            step(p);
-            let r = p.sync().unwrap_or_else(|e| panic!("{what}: {e}"));
-            assert_eq!(r.kind, SyncKind::Partial, "{what}");
-            assert!(r.committed.messages > 0, "{what}: nothing was sent");
-            assert!(
-                p.verify().unwrap(),
-                "{what}: the kernel differs from the desired ruleset"
-            );
-        }
-        // Nothing changed: nothing is sent.
-        assert_eq!(p.sync().unwrap().committed.messages, 0);
-    });
-}
-
-#[test]
-fn restart_over_a_correct_ruleset_writes_nothing() {
-    with_proxier("restart", |p| {
-        for i in 0..50 {
-            add_bench_service(p, i, 4);
-        }
-        p.sync().unwrap();
-        // Move endpoints around so the kernel's slots differ from a fresh computation.
-        p.update(&service_key(7), |s| {
-            set_bench_endpoints(
-                s,
-                7,
-                &[
-                    test_endpoint(7, 3),
-                    test_endpoint(7, 1),
-                    test_endpoint(7, 9),
-                ],
-            )
-        });
-        p.sync().unwrap();
-        let state = p.state().clone();
-        // A new process: same model, nothing applied yet.
-        let mut again = Proxy::new(config()).unwrap();
-        again.replace_state(state);
-        let r = again.sync().unwrap();
-        assert_eq!(r.kind, SyncKind::Full);
-        assert_eq!(
-            r.committed.messages, 0,
-            "a restart rewrote {} bytes",
-            r.committed.bytes
-        );
-        assert!(again.verify().unwrap());
-    });
-}
-
-/// The bytes of a one-endpoint change, with `services` Services programmed.
-fn endpoint_change_bytes(services: usize) -> Vec<usize> {
-    with_proxier(&format!("size{services}"), move |p| {
-        for i in 0..services {
-            add_bench_service(p, i, 10);
-        }
-        p.sync().unwrap();
-        let i = services / 2;
-        let mut sizes = Vec::new();
-        // Replace an endpoint, remove one, add one back.
-        let changes: [Vec<usize>; 3] = [
-            vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 11],
-            vec![0, 1, 2, 3, 5, 6, 7, 8, 11],
-            vec![0, 1, 2, 3, 5, 6, 7, 8, 11, 12],
-        ];
-        for eps in changes {
+fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
+    let p = &mut h.proxy(config);
+    for i in 0..20 {
+        add_service(p, i, 1 + i % 5);
+    }
+    assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
+    assert!(p.verify().unwrap());
+    let endpoints = |i: usize, js: &'static [usize]| -> Box<dyn Fn(&mut Proxy)> {
+        Box::new(move |p| {
             p.update(&service_key(i), |s| {
-                set_bench_endpoints(
-                    s,
-                    i,
-                    &eps.iter().map(|j| test_endpoint(i, *j)).collect::<Vec<_>>(),
-                )
-            });
-            let r = p.sync().unwrap();
-            assert_eq!(r.kind, SyncKind::Partial);
-            sizes.push(r.committed.bytes);
-        }
-        assert!(p.verify().unwrap());
-        sizes
-    })
+                let addrs: Vec<_> = js.iter().map(|j| endpoint(i, *j)).collect();
+                set_endpoints(s, i, &addrs)
+            })
+        })
+    };
+    let affinity = |timeout: Option<u32>| -> Box<dyn Fn(&mut Proxy)> {
+        Box::new(move |p| {
+            p.update(&service_key(7), |s| {
+                s.services
+                    .get_mut(&service_key(7))
+                    .unwrap()
+                    .affinity_timeout = timeout
+            })
+        })
+    };
+    let steps: Vec<Step> = vec![
+        ("add an endpoint", endpoints(3, &[0, 1, 2, 3, 9])),
+        ("remove a middle endpoint", endpoints(4, &[0, 2, 3, 4])),
+        ("replace an endpoint", endpoints(2, &[0, 7, 2])),
+        ("remove every endpoint", endpoints(1, &[])),
+        ("endpoints come back", endpoints(1, &[5])),
+        (
+            "delete a Service",
+            Box::new(|p| {
+                p.update(&service_key(0), |s| {
+                    s.services.remove(&service_key(0));
+                    s.slices.remove(&service_key(0));
+                })
+            }),
+        ),
+        ("add a Service", Box::new(|p| add_service(p, 40, 3))),
+        (
+            "two Services share an endpoint address",
+            Box::new(|p| p.update(&service_key(5), |s| set_endpoints(s, 5, &[endpoint(6, 0)]))),
+        ),
+        ("and one lets it go", endpoints(5, &[0])),
+        (
+            "session affinity turned on (a timeout set per endpoint)",
+            affinity(Some(600)),
+        ),
+        (
+            "an affinity endpoint leaves, its set with it",
+            endpoints(7, &[1]),
+        ),
+        (
+            "a new affinity timeout (new sets, old ones deleted)",
+            affinity(Some(60)),
+        ),
+        ("session affinity turned off", affinity(None)),
+        (
+            "a NodePort with a Local policy (external-, svc- and local- chains)",
+            Box::new(|p| {
+                p.update(&service_key(9), |s| {
+                    let svc = s.services.get_mut(&service_key(9)).unwrap();
+                    svc.external_policy_local = true;
+                    svc.ports[0].node_port = Some(30009);
+                })
+            }),
+        ),
+        (
+            "it loses every endpoint (chains that jump to each other go together)",
+            endpoints(9, &[]),
+        ),
+    ];
+    for (what, step) in steps {
+        step(p);
+        let r = p.sync().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.kind, SyncKind::Partial, "{what}");
+        assert!(r.committed.messages > 0, "{what}: nothing was sent");
+        assert!(
+            p.verify().unwrap(),
+            "{what}: the kernel differs from the desired ruleset"
+        );
+    }
+    // Nothing changed: a full sync finds nothing to send.
+    p.request_full_sync();
+    assert_eq!(p.sync().unwrap().committed.messages, 0);
 }
 
-#[test]
-fn endpoint_change_transaction_size_does_not_grow_with_services() {
-    let small = endpoint_change_bytes(100);
-    let large = endpoint_change_bytes(5_000);
+fn restart_over_a_correct_ruleset_writes_nothing(h: &Harness<impl Kernel>) {
+    let p = &mut h.proxy(config());
+    for i in 0..50 {
+        add_service(p, i, 4);
+    }
+    p.sync().unwrap();
+    // Move endpoints around so the kernel's slots differ from a fresh computation.
+    p.update(&service_key(7), |s| {
+        set_endpoints(s, 7, &[endpoint(7, 3), endpoint(7, 1), endpoint(7, 9)])
+    });
+    p.sync().unwrap();
+    let commits = h.commits.get();
+    // A new process: same model and kernel, nothing applied yet.
+    let mut again = h.proxy(config());
+    again.replace_state(p.state().clone());
+    let r = again.sync().unwrap();
+    assert_eq!(r.kind, SyncKind::Full);
+    assert_eq!(
+        r.committed.messages, 0,
+        "a restart rewrote {} bytes",
+        r.committed.bytes
+    );
+    assert_eq!(h.commits.get(), commits, "an empty plan reached the kernel");
+    assert!(again.verify().unwrap());
+}
+
+/// The bytes of three one-endpoint changes (replace one, remove one, add one
+/// back), with `services` Services programmed by a new proxy.
+fn endpoint_change_bytes(h: &Harness<impl Kernel>, services: usize) -> Vec<usize> {
+    let p = &mut h.proxy(config());
+    for i in 0..services {
+        add_service(p, i, 10);
+    }
+    p.sync().unwrap();
+    let i = services / 2;
+    let changes: [&[usize]; 3] = [
+        &[0, 1, 2, 3, 4, 5, 6, 7, 8, 11],
+        &[0, 1, 2, 3, 5, 6, 7, 8, 11],
+        &[0, 1, 2, 3, 5, 6, 7, 8, 11, 12],
+    ];
+    let mut sizes = Vec::new();
+    for eps in changes {
+        p.update(&service_key(i), |s| {
+            let addrs: Vec<_> = eps.iter().map(|j| endpoint(i, *j)).collect();
+            set_endpoints(s, i, &addrs)
+        });
+        let r = p.sync().unwrap();
+        assert_eq!(r.kind, SyncKind::Partial);
+        sizes.push(r.committed.bytes);
+    }
+    assert!(p.verify().unwrap());
+    sizes
+}
+
+fn endpoint_change_transaction_size_does_not_grow_with_services(h: &Harness<impl Kernel>) {
+    let small = endpoint_change_bytes(h, 100);
+    let large = endpoint_change_bytes(h, 5_000);
     for (s, l) in small.iter().zip(&large) {
         // Names of Service 50 and Service 2500 differ by two characters per mention.
         assert!(
@@ -328,119 +341,125 @@ fn endpoint_change_transaction_size_does_not_grow_with_services() {
     }
 }
 
-#[test]
-fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs() {
-    with_proxier("refused", |p| {
-        for i in 0..10 {
-            add_bench_service(p, i, 3);
-        }
-        p.sync().unwrap();
-        // Behind the proxy's back, remove an element it believes is there.
-        let vip = "10.96.0.4";
-        let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
-        let out = std::process::Command::new("nft")
-            .args([
-                "delete",
-                "element",
-                "ip",
-                table.name(),
-                "service-ips",
-                &format!("{{ {vip} . tcp . 80 }}"),
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // One change deletes that element (Service 3 goes away), another adds a Service.
-        p.update(&service_key(3), |s| {
-            s.services.remove(&service_key(3));
-            s.slices.remove(&service_key(3));
-        });
-        add_bench_service(p, 77, 2);
-        let read_all = || {
-            [TableId::main(Family::Ip), table]
-                .map(|t| socket().read_table(t.family, t.name()).unwrap().unwrap())
-        };
-        let before = read_all();
-        let err = p.sync().unwrap_err();
-        assert!(
-            err.to_string()
-                .contains(&format!("delete 1 element(s) of {table} service-ips")),
-            "{err}"
-        );
-        let after = read_all();
-        for (b, a) in before.iter().zip(&after) {
-            assert!(
-                kernel::same_table(b, a),
-                "the refused transaction changed {}",
-                b.name
-            );
-        }
-        // The next sync reads the kernel back and repairs everything.
-        let r = p.sync().unwrap();
-        assert_eq!(r.kind, SyncKind::Full);
-        assert!(p.verify().unwrap());
+fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs(h: &Harness<impl Kernel>) {
+    let p = &mut h.proxy(config());
+    for i in 0..10 {
+        add_service(p, i, 3);
+    }
+    p.sync().unwrap();
+    // Behind the proxy's back, remove an element it believes is there.
+    let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
+    let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
+    let element = h
+        .kernel
+        .handle()
+        .read_set_elements(table, MAP_SERVICE_IPS)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.key.starts_with(&vip.octets()))
+        .expect("the element is there");
+    let mut batch = Batch::new();
+    batch.delete_elements(Family::Ip, table.name(), MAP_SERVICE_IPS, &[element]);
+    h.commit(batch).unwrap();
+    // One change deletes that element (Service 3 goes away), another adds a Service.
+    p.update(&service_key(3), |s| {
+        s.services.remove(&service_key(3));
+        s.slices.remove(&service_key(3));
     });
+    add_service(p, 77, 2);
+    let read_all = || [TableId::main(Family::Ip), table].map(|t| h.read_table(t));
+    let before = read_all();
+    let err = p.sync().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("delete 1 element(s) of {table} service-ips")),
+        "{err}"
+    );
+    for (b, a) in before.iter().zip(&read_all()) {
+        assert!(
+            same_table(b, a),
+            "the refused transaction changed {}",
+            b.name
+        );
+    }
+    // The next sync reads the kernel back and repairs everything.
+    let r = p.sync().unwrap();
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(p.verify().unwrap());
 }
 
 /// Earlier versions kept every Service chain and the dispatch maps in the main
 /// table. The first full sync over such a ruleset moves them into the Service
 /// tables in one transaction and leaves the main table with none of them.
-#[test]
-fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync() {
-    with_proxier("single-table", |p| {
-        for i in 0..20 {
-            add_bench_service(p, i, 3);
-        }
-        let rs = translate(p.state(), &config());
-        let mut main = rs.table(Family::Ip).unwrap().clone();
-        for shard in rs.of_family(Family::Ip).skip(1) {
-            for set in &shard.sets {
-                if set.name == SET_NODEPORT_IPS {
-                    continue;
-                }
-                match main.sets.iter_mut().find(|s| s.name == set.name) {
-                    Some(s) => s.elements.extend(set.elements.iter().cloned()),
-                    None => main.sets.push(set.clone()),
-                }
+fn a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync(h: &Harness<impl Kernel>) {
+    let p = &mut h.proxy(config());
+    for i in 0..20 {
+        add_service(p, i, 3);
+    }
+    let rs = translate(p.state(), &config());
+    let mut main = rs.table(Family::Ip).unwrap().clone();
+    for shard in rs.of_family(Family::Ip).skip(1) {
+        for set in &shard.sets {
+            if set.name == SET_NODEPORT_IPS {
+                continue;
             }
-            let own = shard.chains.iter().filter(|c| c.base.is_none());
-            main.chains
-                .extend(own.filter(|c| c.name != CHAIN_SERVICES).cloned());
+            match main.sets.iter_mut().find(|s| s.name == set.name) {
+                Some(s) => s.elements.extend(set.elements.iter().cloned()),
+                None => main.sets.push(set.clone()),
+            }
         }
-        let services = main
-            .chains
-            .iter_mut()
-            .find(|c| c.name == CHAIN_SERVICES)
-            .unwrap();
-        services.rules.push(Rule::new(vec![Stmt::Vmap {
-            fields: vec![Field::Daddr, Field::L4Proto, Field::Dport],
-            map: MAP_SERVICE_IPS.into(),
-        }]));
-        let old = Ruleset {
-            tables: vec![main, rs.table(Family::Ip6).unwrap().clone()],
-        };
-        kernel::apply(&mut socket(), &old).unwrap();
-        let main_before = socket()
-            .read_table(Family::Ip, "kube-nft")
-            .unwrap()
-            .unwrap();
-        assert!(main_before.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
+        let own = shard.chains.iter().filter(|c| c.base.is_none());
+        main.chains
+            .extend(own.filter(|c| c.name != CHAIN_SERVICES).cloned());
+    }
+    let services = main
+        .chains
+        .iter_mut()
+        .find(|c| c.name == CHAIN_SERVICES)
+        .unwrap();
+    services.rules.push(Rule::new(vec![Stmt::Vmap {
+        fields: vec![Field::Daddr, Field::L4Proto, Field::Dport],
+        map: MAP_SERVICE_IPS.into(),
+    }]));
+    let old = Ruleset {
+        tables: vec![main, rs.table(Family::Ip6).unwrap().clone()],
+    };
+    let mut batch = Batch::new();
+    kube_nft::netlink::batch::replace_tables(&mut batch, &lowered(&old));
+    h.commit(batch).unwrap();
+    let main_id = TableId::main(Family::Ip);
+    let main_before = h.read_table(main_id);
+    assert!(main_before.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
 
-        let r = p.sync().unwrap();
-        assert_eq!(r.kind, SyncKind::Full);
-        assert!(p.verify().unwrap(), "the kernel holds the desired ruleset");
-        let main_after = socket()
-            .read_table(Family::Ip, "kube-nft")
-            .unwrap()
-            .unwrap();
-        assert!(!main_after.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
-        assert!(!main_after.chains.iter().any(|c| c.name.starts_with("svc-")));
-        // And the next sync finds nothing to do.
-        p.request_full_sync();
-        assert_eq!(p.sync().unwrap().committed.messages, 0);
-    });
+    let r = p.sync().unwrap();
+    assert_eq!(r.kind, SyncKind::Full);
+    assert!(p.verify().unwrap(), "the kernel holds the desired ruleset");
+    let main_after = h.read_table(main_id);
+    assert!(!main_after.sets.iter().any(|s| s.name == MAP_SERVICE_IPS));
+    assert!(!main_after.chains.iter().any(|c| c.name.starts_with("svc-")));
+    // And the next sync finds nothing to do.
+    p.request_full_sync();
+    assert_eq!(p.sync().unwrap().committed.messages, 0);
+}
+
+/// A chain that a verdict element still points to cannot be deleted: the rule
+/// the planner's order of deletions exists for, refused by both kernels.
+fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
+    let p = &mut h.proxy(config());
+    add_service(p, 1, 2);
+    p.sync().unwrap();
+    let table = TableId::shard(Family::Ip, shard_of(&service_key(1)));
+    let chain = h
+        .read_table(table)
+        .chains
+        .iter()
+        .find(|c| c.name.starts_with("svc-"))
+        .unwrap()
+        .name
+        .clone();
+    let mut batch = Batch::new();
+    batch.delete_chain(Family::Ip, table.name(), &chain);
+    let err = h.commit(batch).unwrap_err();
+    assert!(err.to_string().contains("busy"), "{err}");
+    assert!(p.verify().unwrap(), "the refused delete changed nothing");
 }

@@ -266,7 +266,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     if let Some(adj) = settings.oom_score_adj {
         set_oom_score_adj(adj);
     }
-    let mut engine = Engine::new(settings.node.clone()).map_err(|e| e.to_string())?;
+    let mut engine = crate::assemble::engine(settings.node.clone()).map_err(|e| e.to_string())?;
     let mut store = ClusterStore::new(&settings.node_name);
     let node_settings = NodeSettings {
         base: settings.node.clone(),

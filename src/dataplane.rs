@@ -1,10 +1,10 @@
 //! A dataplane is one way of programming the kernel from the model: nftables
 //! (`nft`) or IPVS (`ipvs`). The engine runs the dataplanes of the proxy mode in
 //! order, each through the same two syncs. Adding a dataplane means writing its
-//! module and naming it in `for_mode`.
+//! module and naming it in `assemble::dataplanes`.
 
 use crate::core::model::{ClusterState, ServiceKey};
-use crate::core::node_config::{NodeConfig, ProxyMode};
+use crate::core::node_config::NodeConfig;
 use crate::netlink::Committed;
 use std::fmt;
 
@@ -78,19 +78,4 @@ pub trait Dataplane {
 
     /// Whether the kernel holds exactly what this dataplane wants (full readback).
     fn verify(&mut self, state: &ClusterState, config: &NodeConfig) -> Result<bool, SyncError>;
-}
-
-/// The dataplanes a proxy mode runs, in sync order, opened in the current
-/// network namespace. The one place that names them.
-pub fn for_mode(mode: &ProxyMode) -> Result<Vec<Box<dyn Dataplane>>, SyncError> {
-    let nft =
-        crate::nft::dataplane::NftDataplane::open().map_err(|e| SyncError::new("nftables", e))?;
-    Ok(match mode {
-        ProxyMode::Nftables => vec![Box::new(nft)],
-        // IPVS balances; the nftables table beside it masquerades and filters.
-        ProxyMode::Ipvs(_) => vec![
-            Box::new(nft),
-            Box::new(crate::ipvs::IpvsDataplane::open().map_err(|e| SyncError::new("ipvs", e))?),
-        ],
-    })
 }

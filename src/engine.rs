@@ -17,7 +17,7 @@
 
 use crate::core::model::{ClusterState, ServiceKey};
 use crate::core::node_config::NodeConfig;
-use crate::dataplane::{self, Dataplane, SyncError, SyncKind, Written};
+use crate::dataplane::{Dataplane, SyncError, SyncKind, Written};
 use crate::netlink::Committed;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -45,15 +45,10 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Opens the dataplanes of `config.mode` in the current network namespace.
-    /// The first sync is a full one: it adopts whatever correct state the kernel
-    /// already has.
-    pub fn new(config: NodeConfig) -> Result<Engine, SyncError> {
-        let dataplanes = dataplane::for_mode(&config.mode)?;
-        Ok(Engine::with_dataplanes(config, dataplanes))
-    }
-
-    pub fn with_dataplanes(config: NodeConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Engine {
+    /// An engine over `dataplanes`, run in that order (`assemble` opens those of
+    /// a proxy mode). The first sync is a full one: it adopts whatever correct
+    /// state the kernel already has.
+    pub fn new(config: NodeConfig, dataplanes: Vec<Box<dyn Dataplane>>) -> Engine {
         Engine {
             config,
             dataplanes,
@@ -173,11 +168,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(config: NodeConfig) -> Result<Proxy, SyncError> {
-        Ok(Proxy::with_engine(Engine::new(config)?))
-    }
-
-    pub fn with_engine(engine: Engine) -> Proxy {
+    pub fn new(engine: Engine) -> Proxy {
         Proxy {
             state: ClusterState::default(),
             engine,

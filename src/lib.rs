@@ -10,6 +10,7 @@
 //! observed through `metrics` and `proxy_health`); `lab` demonstrates it in
 //! network namespaces.
 
+pub mod assemble;
 pub mod bench;
 pub mod config;
 pub mod core;
@@ -17,6 +18,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod engine;
 pub mod explain;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod healthcheck;
 pub mod http;
@@ -30,8 +32,6 @@ pub mod proxy_health;
 pub mod ruleset;
 pub mod source;
 pub mod stale_flows;
+pub mod synthetic;
 pub mod text;
 pub mod top;
-
-#[cfg(test)]
-mod reconcile_tests;

@@ -176,12 +176,12 @@ mod tests {
     }
 
     fn udp_state(endpoints: &[(usize, &[&str])]) -> ClusterState {
-        use crate::bench::{bench_service, bench_slice, service_key};
+        use crate::synthetic::{service, service_key, slice};
         let mut state = ClusterState::default();
         for (i, addrs) in endpoints {
-            let mut svc = bench_service(*i);
+            let mut svc = service(*i);
             svc.ports[0].protocol = Protocol::Udp;
-            let mut slice = bench_slice(
+            let mut slice = slice(
                 *i,
                 &addrs.iter().map(|a| a.parse().unwrap()).collect::<Vec<_>>(),
             );
@@ -202,7 +202,7 @@ mod tests {
             services: recomputed.len(),
             recomputed: recomputed
                 .iter()
-                .map(|i| crate::bench::service_key(*i))
+                .map(|i| crate::synthetic::service_key(*i))
                 .collect(),
             committed: crate::netlink::Committed::default(),
             written: Vec::new(),
@@ -233,7 +233,7 @@ mod tests {
         let one: &[&str] = &["10.128.0.1"];
         let two: &[&str] = &["10.128.0.1", "10.128.0.2"];
         let state = udp_state(&[(1, one), (2, one)]);
-        let vip = |i: usize| crate::bench::vip(i).to_string();
+        let vip = |i: usize| crate::synthetic::vip(i).to_string();
         // The first (full) sync checks every UDP Service.
         assert_eq!(
             cleanup(&mut c, &state, &report(SyncKind::Full, &[])),

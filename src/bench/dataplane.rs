@@ -4,11 +4,11 @@
 //! (KUBE-SERVICES → KUBE-SVC-* with `statistic` → KUBE-SEP-* DNAT) loaded by
 //! `iptables-legacy-restore`, in the same topology and the same run.
 
-use super::{bench_config, bench_slice, median, service_key, synthetic_state, vip};
+use super::median;
 use crate::core::model::ClusterState;
-use crate::engine::Proxy;
 use crate::lab::topology::Topology;
 use crate::netns::{in_netns, sysctl_in};
+use crate::synthetic::{self, service_key, vip};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -226,11 +226,11 @@ fn run_in(ns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result
 /// The Services of a data-plane run: `services` of them, the one in the middle
 /// (what the client talks to) backed by the pod's ten addresses.
 fn cluster(services: usize, backend: &[IpAddr]) -> (ClusterState, SocketAddr) {
-    let mut state = synthetic_state(services, services * 10);
+    let mut state = synthetic::state(services, services * 10);
     let m = services / 2;
     state.slices.insert(
         service_key(m),
-        [bench_slice(m, backend)].into_iter().collect(),
+        [synthetic::slice(m, backend)].into_iter().collect(),
     );
     (state, SocketAddr::new(vip(m), 80))
 }
@@ -277,7 +277,8 @@ pub fn data_plane(
                 if ruleset == KUBE_NFT {
                     let s = state.clone();
                     in_netns(&node, move || -> Result<(), String> {
-                        let mut p = Proxy::new(bench_config()).map_err(|e| e.to_string())?;
+                        let mut p = crate::assemble::proxy(synthetic::node_config())
+                            .map_err(|e| e.to_string())?;
                         p.replace_state(s);
                         p.sync().map(|_| ()).map_err(|e| e.to_string())
                     })

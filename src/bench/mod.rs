@@ -21,152 +21,17 @@ pub mod plot;
 pub mod reach;
 pub mod versus;
 
-use crate::core::model::{
-    ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,
-    ServicePort, TargetPort,
-};
-use crate::core::net::{Family, Protocol};
+use crate::core::model::{ClusterState, ServiceKey};
 use crate::core::node_config::NodeConfig;
 use crate::engine::Proxy;
 use crate::netns::{in_netns, Netns};
 use crate::nft::translate::translate;
+use crate::synthetic;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::Instant;
-
-pub fn bench_config() -> NodeConfig {
-    NodeConfig {
-        cluster_cidrs: vec!["10.128.0.0/9".parse().unwrap()],
-        service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
-        masquerade_bit: 14,
-        ..NodeConfig::default()
-    }
-}
-
-pub fn service_key(i: usize) -> ServiceKey {
-    ServiceKey {
-        namespace: "bench".into(),
-        name: format!("svc-{i:05}"),
-    }
-}
-
-pub fn vip(i: usize) -> IpAddr {
-    IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())
-}
-
-const FIRST_ENDPOINT: u32 = 0x0a80_0000;
-
-pub(crate) fn endpoint_addr(n: usize) -> IpAddr {
-    IpAddr::from((FIRST_ENDPOINT + n as u32).to_be_bytes())
-}
-
-/// The address of endpoint `j` of Service `i` in the reconciliation tests
-/// (sixteen addresses per Service, from the benchmark's first endpoint on).
-pub fn test_endpoint(i: usize, j: usize) -> IpAddr {
-    endpoint_addr(i * 16 + j)
-}
-
-/// Sets Service `i`'s one EndpointSlice to ready endpoints at `addrs`.
-pub fn set_bench_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
-    state
-        .slices
-        .entry(service_key(i))
-        .or_default()
-        .insert(bench_slice(i, addrs));
-}
-
-/// Adds Service `i` (TCP 80 → 8080) with `n` ready endpoints (`test_endpoint`)
-/// to a proxy's model.
-pub fn add_bench_service(p: &mut Proxy, i: usize, n: usize) {
-    p.update(&service_key(i), |state| {
-        state.services.insert(service_key(i), bench_service(i));
-        let addrs: Vec<IpAddr> = (0..n).map(|j| test_endpoint(i, j)).collect();
-        set_bench_endpoints(state, i, &addrs);
-    });
-}
-
-/// The synthetic cluster's nodes: its pods are spread over 100 (a node runs at
-/// most 110 pods by default), and this node is the first.
-const NODES: u32 = 100;
-pub const THIS_NODE: &str = "node-00";
-
-pub(crate) fn node_of(addr: IpAddr) -> String {
-    let n = match addr {
-        IpAddr::V4(a) => u32::from(a).wrapping_sub(FIRST_ENDPOINT),
-        IpAddr::V6(a) => u128::from(a) as u32,
-    };
-    format!("node-{:02}", n % NODES)
-}
-
-pub fn ready(addr: IpAddr) -> Endpoint {
-    Endpoint {
-        addr,
-        conditions: Conditions {
-            ready: true,
-            serving: true,
-            terminating: false,
-        },
-        node_name: Some(node_of(addr)),
-        zone: None,
-        hints: Default::default(),
-    }
-}
-
-pub fn bench_service(i: usize) -> Service {
-    Service {
-        key: service_key(i),
-        cluster_ips: vec![vip(i)],
-        ports: vec![ServicePort {
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            target_port: TargetPort::Number(8080),
-            node_port: None,
-        }],
-        ..Service::default()
-    }
-}
-
-pub fn bench_slice(i: usize, addrs: &[IpAddr]) -> EndpointSlice {
-    EndpointSlice {
-        name: format!("svc-{i:05}-a"),
-        service: service_key(i),
-        family: Family::Ip,
-        ports: vec![EndpointPort {
-            name: "http".into(),
-            protocol: Protocol::Tcp,
-            port: 8080,
-        }],
-        endpoints: addrs.iter().map(|a| ready(*a)).collect(),
-    }
-}
-
-/// `services` Services (TCP 80 → 8080) sharing `endpoints` endpoints as evenly as
-/// possible, every endpoint address distinct.
-pub fn synthetic_state(services: usize, endpoints: usize) -> ClusterState {
-    let mut state = ClusterState {
-        node: Some(NodeInfo {
-            name: THIS_NODE.into(),
-            ..NodeInfo::default()
-        }),
-        ..ClusterState::default()
-    };
-    let mut next = 0;
-    for i in 0..services {
-        let n = endpoints / services + usize::from(i < endpoints % services);
-        let addrs: Vec<IpAddr> = (next..next + n).map(endpoint_addr).collect();
-        next += n;
-        state.services.insert(service_key(i), bench_service(i));
-        state
-            .slices
-            .entry(service_key(i))
-            .or_default()
-            .insert(bench_slice(i, &addrs));
-    }
-    state
-}
 
 /// Runs `nft ARGS` in network namespace `netns` (through `ip netns exec`), or
 /// in this process's: what it printed, or an error with what it said.
@@ -213,10 +78,10 @@ pub fn child_sync(
     crate::netns::enter(netns).map_err(|e| e.to_string())?;
     let config = NodeConfig {
         counters,
-        ..bench_config()
+        ..synthetic::node_config()
     };
-    let mut p = Proxy::new(config).map_err(|e| e.to_string())?;
-    p.replace_state(synthetic_state(services, endpoints));
+    let mut p = crate::assemble::proxy(config).map_err(|e| e.to_string())?;
+    p.replace_state(synthetic::state(services, endpoints));
     let r = p.sync().map_err(|e| e.to_string())?;
     println!(
         "{:.3} {} {} {} {:.3}",
@@ -387,11 +252,11 @@ pub fn control_plane(
         restart.push(run_child(&ns.name, services, endpoints)?);
     }
 
-    let state = synthetic_state(services, endpoints);
+    let state = synthetic::state(services, endpoints);
     let dir = std::env::temp_dir().join(format!("{}-files", opts.prefix));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let ours = dir.join("ruleset.nft");
-    let script = crate::text::replace_script(&translate(&state, &bench_config()).tables);
+    let script = crate::text::replace_script(&translate(&state, &synthetic::node_config()).tables);
     std::fs::File::create(&ours)
         .and_then(|mut f| f.write_all(script.as_bytes()))
         .map_err(|e| e.to_string())?;
@@ -457,7 +322,7 @@ type Cost = (f64, usize);
 /// changes each: one endpoint replaced, one Service added, one deleted.
 fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, Cost), String> {
     let services = state.services.len();
-    let mut p = Proxy::new(bench_config()).map_err(|e| e.to_string())?;
+    let mut p = crate::assemble::proxy(synthetic::node_config()).map_err(|e| e.to_string())?;
     p.replace_state(state);
     p.sync().map_err(|e| e.to_string())?;
     let measure = |p: &mut Proxy,
@@ -473,12 +338,12 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
     for r in 0..runs {
         // One endpoint of a Service replaced by a new address (a pod rescheduled).
         let i = (r * 7919) % services;
-        let key = service_key(i);
+        let key = synthetic::service_key(i);
         let new_addr = IpAddr::from((0x0b00_0000u32 + r as u32).to_be_bytes());
         ep.push(measure(&mut p, &key, &|s: &mut ClusterState| {
             if let Some(slice) = s
                 .slices
-                .get_mut(&service_key(i))
+                .get_mut(&synthetic::service_key(i))
                 .and_then(|m| m.values_mut().next())
             {
                 if let Some(e) = slice.endpoints.first_mut() {
@@ -487,20 +352,21 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
             }
         })?);
         let j = services + r;
-        let key = service_key(j);
+        let key = synthetic::service_key(j);
         add.push(measure(&mut p, &key, &|s: &mut ClusterState| {
             let addrs: Vec<IpAddr> = (0..10)
                 .map(|k| IpAddr::from((0x0c00_0000u32 + (j * 16 + k) as u32).to_be_bytes()))
                 .collect();
-            s.services.insert(service_key(j), bench_service(j));
+            s.services
+                .insert(synthetic::service_key(j), synthetic::service(j));
             s.slices
-                .entry(service_key(j))
+                .entry(synthetic::service_key(j))
                 .or_default()
-                .insert(bench_slice(j, &addrs));
+                .insert(synthetic::slice(j, &addrs));
         })?);
         del.push(measure(&mut p, &key, &|s: &mut ClusterState| {
-            s.services.remove(&service_key(j));
-            s.slices.remove(&service_key(j));
+            s.services.remove(&synthetic::service_key(j));
+            s.slices.remove(&synthetic::service_key(j));
         })?);
     }
     let summarize = |v: Vec<Cost>| {

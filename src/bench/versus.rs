@@ -21,8 +21,9 @@
 //! - peak RSS of the process (VmHWM), before its restarts.
 
 use super::reach::reaches;
-use super::{endpoint_addr, median, nft};
+use super::{median, nft};
 use crate::netlink::monitor::Monitor;
+use crate::synthetic::endpoint_addr;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;

@@ -12,7 +12,6 @@ use crate::core::convert::{build_state, Objects};
 use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::usable_endpoints;
-use crate::engine::Proxy;
 use crate::nft::dataplane::NftDataplane;
 use crate::nft::names::CHAIN_SERVICES;
 use crate::source::files::{self, Loaded};
@@ -171,7 +170,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     let config = opts.config.clone();
     let (ruleset, report, matches) =
         crate::netns::in_netns(&topo.node.name, move || -> Result<_, String> {
-            let mut proxy = Proxy::new(config.clone()).map_err(|e| e.to_string())?;
+            let mut proxy = crate::assemble::proxy(config.clone()).map_err(|e| e.to_string())?;
             proxy.replace_state(state);
             let report = proxy.sync().map_err(|e| e.to_string())?;
             let matches = proxy.verify().map_err(|e| e.to_string())?;

@@ -6,6 +6,7 @@
 //! through a `kernel::NftKernel`.
 
 pub mod dataplane;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod ipvs_helper;
 pub mod kernel;
