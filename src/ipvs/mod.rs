@@ -10,7 +10,12 @@
 //! IPVS has no transactions and no owner marks. Ours are the virtual services on
 //! addresses of `kube-ipvs0` or on NodePort addresses, outside `--ipvs-exclude-cidrs`.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+pub mod kernel;
 pub mod servers;
+#[cfg(test)]
+mod tests;
 
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
@@ -21,11 +26,8 @@ use crate::netlink::route::{self, RouteError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+pub use kernel::{IpvsKernel, INTERFACE};
 use servers::{diff, service_addresses, virtual_servers, VirtualServer};
-
-/// The dummy interface holding every ClusterIP, external IP and load balancer
-/// IP, so that the kernel delivers their traffic locally, where IPVS takes it.
-pub const INTERFACE: &str = "kube-ipvs0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -91,23 +93,29 @@ struct Comparison {
 }
 
 /// The kernel's IPVS table and `kube-ipvs0`, kept in step with the model.
-pub struct IpvsDataplane {
-    sock: IpvsSocket,
+pub struct IpvsDataplane<K = IpvsSocket> {
+    kernel: K,
     programmed: HashMap<ServiceKey, Programmed>,
     /// How many Services use each address of `kube-ipvs0`.
     address_refs: HashMap<IpAddr, usize>,
 }
 
-impl IpvsDataplane {
+impl IpvsDataplane<IpvsSocket> {
     /// Opens IPVS in the current network namespace (loading the module if the
     /// kernel can), or says clearly that this kernel has none.
-    pub fn open() -> Result<IpvsDataplane, BackendError> {
+    pub fn open() -> Result<Self, BackendError> {
         let sock = IpvsSocket::open()?.ok_or(BackendError::Unavailable)?;
-        Ok(IpvsDataplane {
-            sock,
+        Ok(IpvsDataplane::with_kernel(sock))
+    }
+}
+
+impl<K: IpvsKernel> IpvsDataplane<K> {
+    pub fn with_kernel(kernel: K) -> Self {
+        IpvsDataplane {
+            kernel,
             programmed: HashMap::new(),
             address_refs: HashMap::new(),
-        })
+        }
     }
 
     /// Reads the kernel's virtual services (ours only) and `kube-ipvs0`'s
@@ -118,8 +126,8 @@ impl IpvsDataplane {
         config: &NodeConfig,
         settings: &IpvsSettings,
     ) -> Result<Comparison, BackendError> {
-        let interface = ensure_interface()?;
-        let bound: BTreeSet<IpAddr> = route::addresses(Some(interface))?.into_iter().collect();
+        let interface = self.kernel.ensure_interface()?;
+        let bound: BTreeSet<IpAddr> = self.kernel.addresses(interface)?.into_iter().collect();
         let programmed: HashMap<ServiceKey, Programmed> = state
             .services
             .iter()
@@ -140,12 +148,12 @@ impl IpvsDataplane {
         }
         ours.extend(by_key(programmed.values()).keys().map(|k| k.addr));
         let mut have = BTreeMap::new();
-        for service in self.sock.services()? {
+        for service in self.kernel.services()? {
             let addr = service.key.addr;
             if !ours.contains(&addr) || settings.exclude_cidrs.iter().any(|c| c.contains(&addr)) {
                 continue;
             }
-            let reals = self.sock.reals(&service.key)?;
+            let reals = self.kernel.reals(&service.key)?;
             have.insert(service.key, VirtualServer { service, reals });
         }
         Ok(Comparison {
@@ -160,30 +168,30 @@ impl IpvsDataplane {
     /// Reads the kernel's virtual services and `kube-ipvs0`, and makes them the
     /// desired ones: creates what is missing, repairs what differs, removes what
     /// is ours and no longer wanted. Adopts a correct table without a write.
-    pub fn full_sync(
+    pub fn full(
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
     ) -> Result<IpvsReport, BackendError> {
         let settings = config.ipvs_settings();
-        set_sysctls(&settings);
+        self.set_sysctls(&settings);
         let c = self.read_and_want(state, config, &settings)?;
         let have = c.have.iter().map(|(k, v)| (*k, v)).collect();
         let want = by_key(c.programmed.values());
         let wanted_addresses: BTreeSet<IpAddr> = c.address_refs.keys().copied().collect();
         let mut report = IpvsReport::default();
-        report.addresses += bind(c.interface, wanted_addresses.difference(&c.bound))?;
+        report.addresses += self.bind(c.interface, wanted_addresses.difference(&c.bound))?;
         let commands = diff(&have, &want);
         report.commands = commands.len();
-        report.bytes = self.sock.apply(&commands)?;
-        report.addresses += unbind(c.interface, c.bound.difference(&wanted_addresses))?;
+        report.bytes = self.kernel.apply(&commands)?;
+        report.addresses += self.unbind(c.interface, c.bound.difference(&wanted_addresses))?;
         self.programmed = c.programmed;
         self.address_refs = c.address_refs;
         Ok(report)
     }
 
     /// Whether the kernel holds exactly the virtual servers and addresses wanted.
-    pub fn verify(
+    pub fn matches(
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
@@ -195,7 +203,7 @@ impl IpvsDataplane {
     }
 
     /// Recomputes only the Services `keys` and sends only what changed for them.
-    pub fn partial_sync(
+    pub fn partial(
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
@@ -241,19 +249,19 @@ impl IpvsDataplane {
         let interface = if to_bind.is_empty() && to_unbind.is_empty() {
             None
         } else {
-            Some(ensure_interface()?)
+            Some(self.kernel.ensure_interface()?)
         };
         let mut report = IpvsReport::default();
         if let Some(i) = interface {
-            report.addresses += bind(i, to_bind.iter())?;
+            report.addresses += self.bind(i, to_bind.iter())?;
         }
         let have = by_key(keys.iter().filter_map(|k| self.programmed.get(k)));
         let want = by_key(updates.iter().filter_map(|(_, new)| new.as_ref()));
         let commands = diff(&have, &want);
         report.commands = commands.len();
-        report.bytes = self.sock.apply(&commands)?;
+        report.bytes = self.kernel.apply(&commands)?;
         if let Some(i) = interface {
-            report.addresses += unbind(i, to_unbind.iter())?;
+            report.addresses += self.unbind(i, to_unbind.iter())?;
         }
         for (key, new) in updates {
             match new {
@@ -265,7 +273,59 @@ impl IpvsDataplane {
     }
 }
 
-impl Dataplane for IpvsDataplane {
+impl<K: IpvsKernel> IpvsDataplane<K> {
+    fn bind<'a>(
+        &mut self,
+        interface: u32,
+        addrs: impl Iterator<Item = &'a IpAddr>,
+    ) -> Result<usize, RouteError> {
+        let mut n = 0;
+        for a in addrs {
+            self.kernel.add_address(interface, *a)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn unbind<'a>(
+        &mut self,
+        interface: u32,
+        addrs: impl Iterator<Item = &'a IpAddr>,
+    ) -> Result<usize, RouteError> {
+        let mut n = 0;
+        for a in addrs {
+            self.kernel.delete_address(interface, *a)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// What kube-proxy's IPVS mode sets, per network namespace: conntrack
+    /// entries for IPVS connections (so that nftables can masquerade them), new
+    /// connections on a reused port scheduled afresh, connections to removed
+    /// real servers and stale persistence templates expired, forwarding on;
+    /// strict ARP when asked.
+    fn set_sysctls(&mut self, settings: &IpvsSettings) {
+        let mut values = vec![
+            ("net/ipv4/vs/conntrack", "1"),
+            ("net/ipv4/vs/conn_reuse_mode", "0"),
+            ("net/ipv4/vs/expire_nodest_conn", "1"),
+            ("net/ipv4/vs/expire_quiescent_template", "1"),
+            ("net/ipv4/ip_forward", "1"),
+        ];
+        if settings.strict_arp {
+            values.push(("net/ipv4/conf/all/arp_ignore", "1"));
+            values.push(("net/ipv4/conf/all/arp_announce", "2"));
+        }
+        for (key, value) in values {
+            if let Err(e) = self.kernel.set_sysctl(key, value) {
+                tracing::warn!("could not set {} = {value}: {e}", key.replace('/', "."));
+            }
+        }
+    }
+}
+
+impl<K: IpvsKernel> Dataplane for IpvsDataplane<K> {
     fn name(&self) -> &'static str {
         "ipvs"
     }
@@ -275,7 +335,7 @@ impl Dataplane for IpvsDataplane {
         state: &ClusterState,
         config: &NodeConfig,
     ) -> Result<Written, SyncError> {
-        IpvsDataplane::full_sync(self, state, config)
+        self.full(state, config)
             .map(written)
             .map_err(|e| SyncError::new("ipvs", e))
     }
@@ -286,13 +346,14 @@ impl Dataplane for IpvsDataplane {
         config: &NodeConfig,
         changed: &[ServiceKey],
     ) -> Result<Written, SyncError> {
-        IpvsDataplane::partial_sync(self, state, config, changed)
+        self.partial(state, config, changed)
             .map(written)
             .map_err(|e| SyncError::new("ipvs", e))
     }
 
     fn verify(&mut self, state: &ClusterState, config: &NodeConfig) -> Result<bool, SyncError> {
-        IpvsDataplane::verify(self, state, config).map_err(|e| SyncError::new("ipvs", e))
+        self.matches(state, config)
+            .map_err(|e| SyncError::new("ipvs", e))
     }
 }
 
@@ -354,62 +415,4 @@ pub fn listing() -> Result<String, BackendError> {
         }
     }
     Ok(out)
-}
-
-/// The index of `kube-ipvs0`, created (down, as kube-proxy leaves it) if missing.
-fn ensure_interface() -> Result<u32, RouteError> {
-    if let Some(i) = route::link_index(INTERFACE)? {
-        return Ok(i);
-    }
-    route::add_dummy(INTERFACE)?;
-    route::link_index(INTERFACE)?
-        .ok_or_else(|| RouteError::Io(std::io::Error::other("created, then not found")))
-}
-
-fn bind<'a>(interface: u32, addrs: impl Iterator<Item = &'a IpAddr>) -> Result<usize, RouteError> {
-    let mut n = 0;
-    for a in addrs {
-        route::add_address(interface, *a)?;
-        n += 1;
-    }
-    Ok(n)
-}
-
-fn unbind<'a>(
-    interface: u32,
-    addrs: impl Iterator<Item = &'a IpAddr>,
-) -> Result<usize, RouteError> {
-    let mut n = 0;
-    for a in addrs {
-        route::delete_address(interface, *a)?;
-        n += 1;
-    }
-    Ok(n)
-}
-
-/// What kube-proxy's IPVS mode sets, per network namespace: conntrack entries
-/// for IPVS connections (so that nftables can masquerade them), new connections
-/// on a reused port scheduled afresh, connections to removed real servers and
-/// stale persistence templates expired, forwarding on; strict ARP when asked.
-fn set_sysctls(settings: &IpvsSettings) {
-    let mut values = vec![
-        ("net/ipv4/vs/conntrack", "1"),
-        ("net/ipv4/vs/conn_reuse_mode", "0"),
-        ("net/ipv4/vs/expire_nodest_conn", "1"),
-        ("net/ipv4/vs/expire_quiescent_template", "1"),
-        ("net/ipv4/ip_forward", "1"),
-    ];
-    if settings.strict_arp {
-        values.push(("net/ipv4/conf/all/arp_ignore", "1"));
-        values.push(("net/ipv4/conf/all/arp_announce", "2"));
-    }
-    for (key, value) in values {
-        let path = format!("/proc/sys/{key}");
-        if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
-            continue;
-        }
-        if let Err(e) = std::fs::write(&path, value) {
-            tracing::warn!("could not set {} = {value}: {e}", key.replace('/', "."));
-        }
-    }
 }

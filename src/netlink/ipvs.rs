@@ -204,6 +204,14 @@ fn put_real(w: &mut AttrWriter, real: &RealServer, full: bool) {
 }
 
 /// The message for one command.
+/// The bytes of `commands` as one request would carry them (the fake's count).
+pub fn encoded_len(commands: &[Command]) -> usize {
+    commands
+        .iter()
+        .map(|c| encode(Vec::new(), 0, 0, c).len())
+        .sum()
+}
+
 fn encode(buf: Vec<u8>, family: u16, seq: u32, command: &Command) -> Vec<u8> {
     let cmd = match command {
         Command::AddService(_) => IPVS_CMD_NEW_SERVICE,
