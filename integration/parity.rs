@@ -10,7 +10,7 @@ use kube_nft::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
 use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
 use kube_nft::nft::kernel;
-use kube_nft::nft::translate::Ruleset;
+use kube_nft::ruleset::Ruleset;
 use kube_nft::source::files::parse;
 use kube_nft::text;
 use std::io::Write;
@@ -238,7 +238,7 @@ fn normalize_elements(s: &str) -> String {
 
 /// The first set or chain where the kernel differs from our lowering, to say
 /// what broke parity.
-fn first_difference(sock: &mut NftSocket, want: &kube_nft::nft::translate::Ruleset) -> String {
+fn first_difference(sock: &mut NftSocket, want: &kube_nft::ruleset::Ruleset) -> String {
     for want in kernel::lowered(want) {
         let Some(got) = sock.read_table(want.family, &want.name).unwrap() else {
             return format!("table {} missing", want.name);

@@ -24,9 +24,9 @@ use kube_nft::nft::dataplane::NftDataplane;
 use kube_nft::nft::fake::FakeKernel;
 use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
-use kube_nft::nft::translate::{translate, Ruleset};
+use kube_nft::nft::translate::translate;
 use kube_nft::nft::view::{RuleView, TableView};
-use kube_nft::ruleset::{Field, Rule, Stmt, TableId};
+use kube_nft::ruleset::{Field, Rule, Ruleset, Stmt, TableId};
 use std::cell::Cell;
 use std::rc::Rc;
 

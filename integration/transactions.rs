@@ -9,7 +9,7 @@ use kube_nft::netlink::{NftError, NftSocket};
 use kube_nft::netns::in_netns;
 use kube_nft::nft::kernel;
 use kube_nft::nft::names::CHAIN_SERVICES;
-use kube_nft::nft::translate::Ruleset;
+use kube_nft::ruleset::Ruleset;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::parse;
 

@@ -9,7 +9,7 @@
 
 use crate::core::net::{Family, Protocol};
 use crate::nft::names::{MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
-use crate::nft::translate::Ruleset;
+use crate::ruleset::Ruleset;
 use crate::ruleset::{
     Chain, ChainType, Direction, Element, Field, Hook, KeyValue, Mapped, Rule, Stmt, Table, Verdict,
 };

@@ -431,7 +431,7 @@ impl ProxyArgs {
 
     /// Loads and translates; a manifest that cannot be read at all is an error,
     /// a malformed object in one is logged and skipped.
-    fn desired(&self, config: &NodeConfig) -> Result<kube_nft::nft::translate::Ruleset, String> {
+    fn desired(&self, config: &NodeConfig) -> Result<kube_nft::ruleset::Ruleset, String> {
         if self.manifests.is_empty() {
             return Err("render needs --manifests PATH…".into());
         }

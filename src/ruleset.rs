@@ -467,6 +467,31 @@ pub fn clamp_comment(s: &str) -> String {
     s[..end].to_string()
 }
 
+/// A whole ruleset of ours: per family, the main table and (nftables
+/// backend) the Service tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ruleset {
+    pub tables: Vec<Table>,
+}
+
+impl Ruleset {
+    /// The main table of a family.
+    pub fn table(&self, family: Family) -> Option<&Table> {
+        self.get(TableId::main(family))
+    }
+
+    pub fn get(&self, id: TableId) -> Option<&Table> {
+        self.tables
+            .iter()
+            .find(|t| t.family == id.family && t.name == id.name())
+    }
+
+    /// The tables of one family, main first.
+    pub fn of_family(&self, family: Family) -> impl Iterator<Item = &Table> {
+        self.tables.iter().filter(move |t| t.family == family)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

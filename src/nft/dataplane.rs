@@ -9,8 +9,8 @@ use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
 use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
-use crate::nft::translate::Ruleset;
 use crate::nft::view::Elements;
+use crate::ruleset::Ruleset;
 
 pub struct NftDataplane<K = NftSocket> {
     kernel: K,

@@ -8,8 +8,8 @@ use crate::netlink::batch::{delete_tables, replace_tables};
 use crate::netlink::objects::{KernelChain, KernelElement, KernelTable};
 use crate::netlink::{Batch, Committed, NftError, NftSocket};
 use crate::nft::lower::lower_table;
-use crate::nft::translate::Ruleset;
 use crate::nft::view::{RuleView, TableView};
+use crate::ruleset::Ruleset;
 use crate::ruleset::TableId;
 use std::collections::HashMap;
 

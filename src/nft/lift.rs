@@ -451,7 +451,7 @@ mod tests {
 
     /// The lab's Service, its skeleton and (with `counters`) the counter maps.
     /// Every other shape is lifted from a kernel in the parity tests.
-    fn desired(config: &NodeConfig) -> crate::nft::translate::Ruleset {
+    fn desired(config: &NodeConfig) -> crate::ruleset::Ruleset {
         let text = crate::lab::DEFAULT_MANIFESTS;
         let loaded = crate::source::files::parse(text, "hostnames.yaml").unwrap();
         crate::nft::translate::desired(&loaded.objects, None, config).0

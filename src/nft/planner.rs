@@ -16,11 +16,11 @@ use crate::nft::kernel::Views;
 use crate::nft::lower::{lower_chain, lower_counter, lower_element, lower_set, lower_table};
 use crate::nft::names::{table_ids, SET_HAIRPIN};
 use crate::nft::plan::{diff_rules, Plan};
-use crate::nft::service::service_rules;
 use crate::nft::skeleton::skeleton_of;
-use crate::nft::slots::{SlotHints, SlotKey};
-use crate::nft::translate::{hairpin_element, node_elements, translate_with_hints, Ruleset};
+use crate::nft::slots::{Placement, SlotKey};
+use crate::nft::translate::{hairpin_element, node_elements, service_rules, translate_placed};
 use crate::nft::view::{map_slots, slots, Elements, RuleView, SetView, TableView};
+use crate::ruleset::Ruleset;
 use crate::ruleset::{Mapped, TableId};
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -43,7 +43,7 @@ pub struct FootprintChange {
 /// The desired ruleset with endpoints in the slots the kernel has them in: what
 /// the kernel must hold after a successful sync.
 pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfig) -> Ruleset {
-    translate_with_hints(state, config, &ViewHints(views))
+    translate_placed(state, config, &PlacedInViews(views))
 }
 
 /// What one Service has in one family's tables, as last committed. Counters are
@@ -107,10 +107,10 @@ fn lower_service(
     key: &ServiceKey,
     family: Family,
     config: &NodeConfig,
-    hints: &dyn SlotHints,
+    placement: &dyn Placement,
 ) -> Option<LoweredService> {
     let svc = state.services.get(key)?;
-    let rules = service_rules(state, svc, family, config, hints);
+    let rules = service_rules(state, svc, family, config, placement);
     let main = TableId::main(family);
     let elements: Vec<(TableId, &'static str, KernelElement)> = rules
         .elements
@@ -156,9 +156,9 @@ fn lower_service(
     })
 }
 
-struct ViewHints<'a>(&'a Views);
+struct PlacedInViews<'a>(&'a Views);
 
-impl SlotHints for ViewHints<'_> {
+impl Placement for PlacedInViews<'_> {
     fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
         let view = self.0.get(&table)?;
         if let Some(m) = view.set(map) {
@@ -176,7 +176,7 @@ pub struct Reread {
     pub maps: HashMap<(TableId, String), Elements>,
 }
 
-impl SlotHints for Reread {
+impl Placement for Reread {
     fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
         if let Some(elements) = self.maps.get(&(table, map.to_string())) {
             return Some(map_slots(elements.iter()));
@@ -222,7 +222,7 @@ fn add_set_with(plan: &mut Plan, table: TableId, set: KernelSet, elements: Vec<K
 pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (Plan, Footprints) {
     let mut plan = Plan::default();
     let mut footprints = Footprints::default();
-    let hints = ViewHints(views);
+    let placement = PlacedInViews(views);
     let mut rebuilt: Option<Ruleset> = None;
     for family in Family::ALL {
         let ids = table_ids(family, config);
@@ -262,7 +262,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             }
         }
         for key in state.services.keys() {
-            let Some(svc) = lower_service(state, key, family, config, &hints) else {
+            let Some(svc) = lower_service(state, key, family, config, &placement) else {
                 continue;
             };
             for c in svc.counters {
@@ -345,7 +345,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
         }
         for id in rebuild {
             let ruleset =
-                rebuilt.get_or_insert_with(|| translate_with_hints(state, config, &hints));
+                rebuilt.get_or_insert_with(|| translate_placed(state, config, &placement));
             plan.rebuild(lower_table(ruleset.get(id).expect("a table per id")));
         }
     }
@@ -396,7 +396,7 @@ impl Footprints {
         state: &ClusterState,
         config: &NodeConfig,
     ) -> (Plan, FootprintChange) {
-        let hints = kernel;
+        let placement = kernel;
         let mut plan = Plan::default();
         let mut updates = Vec::new();
         let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
@@ -408,7 +408,7 @@ impl Footprints {
                     .get(&(key.clone(), family))
                     .cloned()
                     .unwrap_or_default();
-                let new = lower_service(state, key, family, config, &hints);
+                let new = lower_service(state, key, family, config, &placement);
                 let (chains, sets, counters, elements, new_applied) = match new {
                     Some(s) => (s.chains, s.sets, s.counters, s.elements, s.footprint),
                     None => Default::default(),
@@ -432,7 +432,7 @@ impl Footprints {
                     if !old.sets.contains(&at) {
                         add_set_with(&mut plan, id, set, elements);
                     } else if set.timeout_ms.is_none() {
-                        let have = hints.maps.get(&at);
+                        let have = placement.maps.get(&at);
                         plan_elements(&mut plan, id, &set.name, have, Elements::new(elements));
                     }
                 }
@@ -441,7 +441,7 @@ impl Footprints {
                 }
                 for (id, chain) in chains {
                     let at = (id, chain.name.clone());
-                    match hints.chains.get(&at) {
+                    match placement.chains.get(&at) {
                         Some(rules) if old.chains.contains(&at) => {
                             plan.rules(id, &chain.name, diff_rules(rules, &chain.rules))
                         }

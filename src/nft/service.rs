@@ -1,28 +1,25 @@
 //! What one Service contributes to one family's tables: its port chains
 //! (`svc-`, `local-`, `external-`, `firewall-`), their dispatch and no-endpoint
 //! elements, affinity sets, counters and hairpin addresses.
+//!
+//! `nftables_rules` is the nftables flavour, read straight through. What the
+//! IPVS flavour (`ipvs_table::ipvs_rules`) shares with it is here too:
+//! `ServiceIn` (the `cluster-ips` element, the firewall, each port's chosen
+//! endpoints and keys), the refusals, the counters and the external elements.
 
 use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
-use crate::core::policy::{categorize, port_endpoints};
-use crate::nft::ipvs_helper::*;
+use crate::core::policy::{categorize, port_endpoints, Categorized};
+use crate::nft::build::{dispatch_key, element, nodeport_key};
 use crate::nft::names::*;
-use crate::nft::slots::*;
+use crate::nft::slots::{assign_slots, Fill, Placement};
 use crate::ruleset::{
     clamp_comment, Chain, Element, Field, KeyType, KeyValue, MapData, Mapped, NamedCounter, Rule,
     Set, Stmt, TableId, Verdict,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;
-
-pub(super) fn dispatch_key(vip: std::net::IpAddr, port: &ServicePort) -> Vec<KeyValue> {
-    vec![
-        KeyValue::Addr(vip),
-        KeyValue::Proto(port.protocol),
-        KeyValue::Port(port.port),
-    ]
-}
 
 /// Session affinity of one Service port: the clients each endpoint has seen.
 struct Affinity<'a> {
@@ -185,7 +182,7 @@ pub struct ServiceRules {
 }
 
 impl ServiceRules {
-    fn new(table: TableId) -> ServiceRules {
+    pub(super) fn new(table: TableId) -> ServiceRules {
         ServiceRules {
             table,
             chains: Vec::new(),
@@ -197,6 +194,13 @@ impl ServiceRules {
         }
     }
 
+    /// The hairpin addresses sorted and without repeats (Services share them).
+    pub(super) fn finish(mut self) -> ServiceRules {
+        self.hairpin.sort();
+        self.hairpin.dedup();
+        self
+    }
+
     /// The table whose set or map `set` this Service's element belongs to: the
     /// dispatch maps are in its Service table, every other set in the main one.
     pub fn home(&self, set: &str) -> TableId {
@@ -206,18 +210,6 @@ impl ServiceRules {
             TableId::main(self.table.family)
         }
     }
-}
-
-pub(super) fn element(key: Vec<KeyValue>, verdict: Option<Verdict>, comment: &str) -> Element {
-    Element {
-        key,
-        value: verdict.map(Mapped::Verdict),
-        comment: Some(clamp_comment(comment)),
-    }
-}
-
-pub(super) fn nodeport_key(port: &ServicePort, node_port: u16) -> Vec<KeyValue> {
-    vec![KeyValue::Proto(port.protocol), KeyValue::Port(node_port)]
 }
 
 /// The source-range firewall of a load balancer: listed sources return to the
@@ -250,12 +242,12 @@ fn firewall_chain(name: String, svc: &Service, ranges: &[IpNet]) -> Chain {
 
 /// The endpoint-picking chains of one Service port, by traffic policy.
 pub(super) struct PolicyChains {
-    cluster: Option<String>,
-    local: Option<String>,
+    pub cluster: Option<String>,
+    pub local: Option<String>,
 }
 
 impl PolicyChains {
-    fn internal(&self, svc: &Service) -> Option<&str> {
+    pub(super) fn internal(&self, svc: &Service) -> Option<&str> {
         if svc.internal_policy_local {
             self.local.as_deref()
         } else {
@@ -334,79 +326,240 @@ fn may_hairpin(e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
     node.is_none() || e.node_name.is_none() || e.is_on(node)
 }
 
-/// The chains and elements of one Service in one family.
-pub fn service_rules(
+/// One Service in one family, as both flavours (nftables, IPVS) start it: its
+/// `cluster-ips` element and source-range firewall are already in `out`.
+pub(super) struct ServiceIn<'a> {
+    pub svc: &'a Service,
+    pub vip: IpAddr,
+    pub node: Option<&'a NodeInfo>,
+    /// External IPs, then load balancer IPs, of this family.
+    external_ips: Vec<IpAddr>,
+    lb_ips: Vec<IpAddr>,
+    /// The `firewall-` chain, when load balancer IPs have source ranges.
+    firewall: Option<String>,
+}
+
+/// One port of a `ServiceIn`, as both flavours see it.
+pub(super) struct PortIn<'a> {
+    pub port: &'a ServicePort,
+    /// `ns/name:port`, the comment on everything of the port.
+    pub label: String,
+    /// `ns/name/proto/port`, from which its chains are named.
+    pub port_id: String,
+    pub eps: Categorized<'a>,
+    /// The `service-ips` key of the ClusterIP, and of each external address.
+    pub vip_key: Vec<KeyValue>,
+    pub external_keys: Vec<Vec<KeyValue>>,
+}
+
+impl<'a> ServiceIn<'a> {
+    /// `None` (and `out` untouched) if the Service has no ClusterIP in `family`.
+    pub(super) fn start(
+        out: &mut ServiceRules,
+        state: &'a ClusterState,
+        svc: &'a Service,
+        family: Family,
+    ) -> Option<Self> {
+        let vip = svc.cluster_ip_of(family)?;
+        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+            ips.iter()
+                .copied()
+                .filter(|ip| Family::of(ip) == family)
+                .collect()
+        };
+        let lb_ips = of_family(&svc.load_balancer_ips);
+        let ranges: Vec<IpNet> = svc
+            .source_ranges
+            .iter()
+            .copied()
+            .filter(|r| Family::of_net(r) == family)
+            .collect();
+        out.elements.push((
+            SET_CLUSTER_IPS,
+            element(vec![KeyValue::Addr(vip)], None, &svc.key.to_string()),
+        ));
+        let firewall = (!lb_ips.is_empty() && !ranges.is_empty()).then(|| {
+            let name = chain_name(
+                "firewall",
+                &format!("{}/{}", svc.key.namespace, svc.key.name),
+            );
+            out.main_chains
+                .push(firewall_chain(name.clone(), svc, &ranges));
+            name
+        });
+        Some(ServiceIn {
+            svc,
+            vip,
+            node: state.node.as_ref(),
+            external_ips: of_family(&svc.external_ips),
+            lb_ips,
+            firewall,
+        })
+    }
+
+    /// One port, over its endpoints in this family (`port_endpoints`), chosen
+    /// by the core's policy.
+    pub(super) fn port<'p>(
+        &self,
+        port: &'p ServicePort,
+        endpoints: &'p [PortEndpoint],
+    ) -> PortIn<'p>
+    where
+        'a: 'p,
+    {
+        PortIn {
+            port,
+            label: self.svc.port_label(port),
+            port_id: port_id(self.svc, port),
+            eps: categorize(self.svc, endpoints, self.node),
+            vip_key: dispatch_key(self.vip, port),
+            external_keys: self
+                .external_ips
+                .iter()
+                .chain(&self.lb_ips)
+                .map(|ip| dispatch_key(*ip, port))
+                .collect(),
+        }
+    }
+
+    /// Names the chain of kind `kind` that picks among `chosen` (`None` if
+    /// there is none to pick), and records the endpoints that may hairpin.
+    pub(super) fn policy_chain_name(
+        &self,
+        out: &mut ServiceRules,
+        kind: &str,
+        p: &PortIn,
+        chosen: &[&PortEndpoint],
+    ) -> Option<String> {
+        if chosen.is_empty() {
+            return None;
+        }
+        let here = chosen.iter().filter(|e| may_hairpin(e, self.node));
+        out.hairpin.extend(here.map(|e| e.addr));
+        Some(chain_name(kind, &p.port_id))
+    }
+
+    /// The elements of the port's external addresses and NodePort that both
+    /// flavours have: to `external` (the nftables flavour's `external-` chain)
+    /// if there is one, to a refusal if nothing serves them, and to the
+    /// source-range firewall.
+    pub(super) fn external_elements(
+        &self,
+        out: &mut ServiceRules,
+        p: &PortIn,
+        chains: &PolicyChains,
+        external: Option<&str>,
+    ) {
+        let served = |key: Vec<KeyValue>| {
+            external.map(|c| element(key, Some(Verdict::Goto(c.to_string())), &p.label))
+        };
+        let unserved = p.unserved(chains.external(self.svc));
+        let refused = |key: Vec<KeyValue>| {
+            unserved
+                .as_ref()
+                .map(|v| element(key, Some(v.clone()), &p.label))
+        };
+        for key in &p.external_keys {
+            out.elements
+                .extend(served(key.clone()).map(|e| (MAP_SERVICE_IPS, e)));
+            out.elements
+                .extend(refused(key.clone()).map(|e| (MAP_NO_ENDPOINT_SERVICES, e)));
+        }
+        if let Some(node_port) = p.port.node_port {
+            let key = nodeport_key(p.port, node_port);
+            out.elements
+                .extend(served(key.clone()).map(|e| (MAP_SERVICE_NODEPORTS, e)));
+            out.elements
+                .extend(refused(key).map(|e| (MAP_NO_ENDPOINT_NODEPORTS, e)));
+        }
+        if let Some(fw) = &self.firewall {
+            for ip in &self.lb_ips {
+                out.elements.push((
+                    MAP_FIREWALL_IPS,
+                    element(
+                        dispatch_key(*ip, p.port),
+                        Some(Verdict::Jump(fw.clone())),
+                        &p.label,
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+impl PortIn<'_> {
+    /// What happens to traffic that `target` would serve when it is `None`: no
+    /// endpoints at all is refused at once; endpoints only elsewhere (a Local
+    /// policy) is dropped.
+    pub(super) fn unserved(&self, target: Option<&str>) -> Option<Verdict> {
+        match (self.eps.has_any, target) {
+            (false, _) => Some(Verdict::Goto(CHAIN_REJECT.into())),
+            (true, None) => Some(Verdict::Drop),
+            (true, Some(_)) => None,
+        }
+    }
+
+    /// Whether the port has external addresses or a NodePort.
+    pub(super) fn is_external(&self) -> bool {
+        !self.external_keys.is_empty() || self.port.node_port.is_some()
+    }
+
+    /// `--counters`: every address and NodePort of the port counts into one
+    /// named counter.
+    pub(super) fn count(&self, out: &mut ServiceRules, svc: &Service, config: &NodeConfig) {
+        if !config.counters {
+            return;
+        }
+        let name = port_chain_name("svc", svc, self.port);
+        let counted = |key: Vec<KeyValue>| Element {
+            key,
+            value: Some(Mapped::Counter(name.clone())),
+            comment: None,
+        };
+        for key in std::iter::once(&self.vip_key).chain(&self.external_keys) {
+            out.elements
+                .push((MAP_SERVICE_COUNTERS, counted(key.clone())));
+        }
+        if let Some(np) = self.port.node_port {
+            out.elements
+                .push((MAP_NODEPORT_COUNTERS, counted(nodeport_key(self.port, np))));
+        }
+        out.counters.push(NamedCounter {
+            name,
+            comment: Some(clamp_comment(&self.label)),
+        });
+    }
+}
+
+/// The nftables flavour: the Service's chains pick endpoints themselves, in its
+/// Service table, and the dispatch maps jump to them.
+pub(super) fn nftables_rules(
     state: &ClusterState,
     svc: &Service,
     family: Family,
     config: &NodeConfig,
-    hints: &dyn SlotHints,
+    placement: &dyn Placement,
 ) -> ServiceRules {
-    let mut out = ServiceRules::new(if config.mode.is_ipvs() {
-        TableId::main(family)
-    } else {
-        TableId::shard(family, shard_of(&svc.key))
-    });
-    let Some(vip) = svc.cluster_ip_of(family) else {
+    let mut out = ServiceRules::new(TableId::shard(family, shard_of(&svc.key)));
+    let Some(s) = ServiceIn::start(&mut out, state, svc, family) else {
         return out;
     };
-    let node = state.node.as_ref();
-    let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
-        ips.iter()
-            .copied()
-            .filter(|ip| Family::of(ip) == family)
-            .collect()
-    };
-    let external_ips = of_family(&svc.external_ips);
-    let lb_ips = of_family(&svc.load_balancer_ips);
-    let ranges: Vec<IpNet> = svc
-        .source_ranges
-        .iter()
-        .copied()
-        .filter(|r| Family::of_net(r) == family)
-        .collect();
-    out.elements.push((
-        SET_CLUSTER_IPS,
-        element(vec![KeyValue::Addr(vip)], None, &svc.key.to_string()),
-    ));
-    let firewall = (!lb_ips.is_empty() && !ranges.is_empty()).then(|| {
-        let name = chain_name(
-            "firewall",
-            &format!("{}/{}", svc.key.namespace, svc.key.name),
-        );
-        out.main_chains
-            .push(firewall_chain(name.clone(), svc, &ranges));
-        name
-    });
     for port in &svc.ports {
-        let label = svc.port_label(port);
-        let in_family = port_endpoints(state, svc, port, family);
-        let eps = categorize(svc, &in_family, node);
-        let port_id = port_id(svc, port);
+        let endpoints = port_endpoints(state, svc, port, family);
+        let p = s.port(port, &endpoints);
         let affinity = svc.affinity_timeout.map(|timeout| Affinity {
-            port_id: &port_id,
+            port_id: &p.port_id,
             timeout,
         });
-        let ipvs = config.mode.is_ipvs();
-        // Names the chain that picks among `chosen` (IPVS: only names whom
-        // IPVS serves; it has no chain).
-        let mut policy_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
-            if chosen.is_empty() {
-                return None;
-            }
-            let name = chain_name(kind, &port_id);
-            let here = chosen.iter().filter(|e| may_hairpin(e, node));
-            out.hairpin.extend(here.map(|e| e.addr));
-            if ipvs {
-                return Some(name);
-            }
+        let mut picking_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
+            let name = s.policy_chain_name(&mut out, kind, &p, chosen)?;
             let map_name = endpoint_map_name(&name);
             let fill = if affinity.is_some() {
                 Fill::Cascade
             } else {
                 Fill::Map
             };
-            let slots = assign_slots(hints.slots(out.table, &name, &map_name), chosen, fill);
+            let slots = assign_slots(placement.slots(out.table, &name, &map_name), chosen, fill);
             if let Some(a) = &affinity {
                 for ep in chosen {
                     let set = a.set(family, ep);
@@ -415,83 +568,42 @@ pub fn service_rules(
                     }
                 }
                 out.chains
-                    .push(affinity_chain(name.clone(), &label, port, &slots, a));
+                    .push(affinity_chain(name.clone(), &p.label, port, &slots, a));
             } else {
                 let (chain, map) =
-                    endpoint_map_chain(name.clone(), map_name, &label, family, port, &slots);
+                    endpoint_map_chain(name.clone(), map_name, &p.label, family, port, &slots);
                 out.chains.push(chain);
                 out.sets.extend(map);
             }
             Some(name)
         };
         let chains = PolicyChains {
-            cluster: policy_chain("svc", &eps.cluster),
-            local: policy_chain("local", &eps.local),
+            cluster: picking_chain("svc", &p.eps.cluster),
+            local: picking_chain("local", &p.eps.local),
         };
-        // What happens to traffic no chain DNATs: no endpoints at all is refused
-        // at once; endpoints only elsewhere (a Local policy) is dropped.
-        let unserved = |target: Option<&str>| match (eps.has_any, target) {
-            (false, _) => Some(Verdict::Goto(CHAIN_REJECT.into())),
-            (true, None) => Some(Verdict::Drop),
-            (true, Some(_)) => None,
-        };
-
-        let vip_key = dispatch_key(vip, port);
         let internal = chains.internal(svc);
-        match internal {
-            Some(_) if ipvs => out
-                .elements
-                .push((SET_SERVICE_PORTS, element(vip_key.clone(), None, &label))),
-            Some(chain) => out.elements.push((
+        out.elements.push(match internal {
+            Some(chain) => (
                 MAP_SERVICE_IPS,
                 element(
-                    vip_key.clone(),
+                    p.vip_key.clone(),
                     Some(Verdict::Goto(chain.to_string())),
-                    &label,
+                    &p.label,
                 ),
-            )),
-            None => out.elements.push((
+            ),
+            None => (
                 MAP_NO_ENDPOINT_SERVICES,
-                element(vip_key.clone(), unserved(internal), &label),
-            )),
-        }
-
-        let external_keys: Vec<Vec<KeyValue>> = external_ips
-            .iter()
-            .chain(&lb_ips)
-            .map(|ip| dispatch_key(*ip, port))
-            .collect();
-        if config.counters {
-            // Every address and NodePort of the port counts into one counter.
-            let name = port_chain_name("svc", svc, port);
-            let counted = |key: Vec<KeyValue>| Element {
-                key,
-                value: Some(Mapped::Counter(name.clone())),
-                comment: None,
-            };
-            for key in std::iter::once(&vip_key).chain(&external_keys) {
-                out.elements
-                    .push((MAP_SERVICE_COUNTERS, counted(key.clone())));
-            }
-            if let Some(np) = port.node_port {
-                out.elements
-                    .push((MAP_NODEPORT_COUNTERS, counted(nodeport_key(port, np))));
-            }
-            out.counters.push(NamedCounter {
-                name,
-                comment: Some(clamp_comment(&label)),
-            });
-        }
-        if external_keys.is_empty() && port.node_port.is_none() {
+                element(p.vip_key.clone(), p.unserved(internal), &p.label),
+            ),
+        });
+        p.count(&mut out, svc, config);
+        if !p.is_external() {
             continue;
         }
-        if ipvs {
-            ipvs_external_elements(&mut out, svc, port, &label, &external_keys, &chains);
-        }
-        let external_chain = if eps.has_any && !ipvs {
+        let external = if p.eps.has_any {
             external_chain(
                 port_chain_name("external", svc, port),
-                &label,
+                &p.label,
                 svc,
                 config,
                 family,
@@ -500,54 +612,13 @@ pub fn service_rules(
         } else {
             None
         };
-        let unserved = unserved(chains.external(svc));
-        for key in external_keys {
-            if let Some(chain) = &external_chain {
-                out.elements.push((
-                    MAP_SERVICE_IPS,
-                    element(key.clone(), Some(Verdict::Goto(chain.name.clone())), &label),
-                ));
-            }
-            if let Some(v) = &unserved {
-                out.elements.push((
-                    MAP_NO_ENDPOINT_SERVICES,
-                    element(key, Some(v.clone()), &label),
-                ));
-            }
-        }
-        if let Some(node_port) = port.node_port {
-            if let Some(chain) = &external_chain {
-                out.elements.push((
-                    MAP_SERVICE_NODEPORTS,
-                    element(
-                        nodeport_key(port, node_port),
-                        Some(Verdict::Goto(chain.name.clone())),
-                        &label,
-                    ),
-                ));
-            }
-            if let Some(v) = &unserved {
-                out.elements.push((
-                    MAP_NO_ENDPOINT_NODEPORTS,
-                    element(nodeport_key(port, node_port), Some(v.clone()), &label),
-                ));
-            }
-        }
-        if let Some(fw) = &firewall {
-            for ip in &lb_ips {
-                out.elements.push((
-                    MAP_FIREWALL_IPS,
-                    element(
-                        dispatch_key(*ip, port),
-                        Some(Verdict::Jump(fw.clone())),
-                        &label,
-                    ),
-                ));
-            }
-        }
-        out.chains.extend(external_chain);
+        s.external_elements(
+            &mut out,
+            &p,
+            &chains,
+            external.as_ref().map(|c| c.name.as_str()),
+        );
+        out.chains.extend(external);
     }
-    out.hairpin.sort();
-    out.hairpin.dedup();
-    out
+    out.finish()
 }

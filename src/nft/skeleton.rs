@@ -4,65 +4,13 @@
 
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
-use crate::nft::ipvs_helper::*;
+use crate::nft::build::{base, jump, regular, set, vmap, DISPATCH_KEY, NODEPORT_KEY};
+use crate::nft::ipvs_table::adapt_for_ipvs;
 use crate::nft::names::*;
 use crate::ruleset::{
-    BaseChain, Chain, ChainType, Direction, Field, Hook, KeyType, MapData, Rule, Set, Stmt, Table,
-    TableId, Verdict, SERVICE_SHARDS, TABLE_NAME,
+    ChainType, Direction, Field, Hook, KeyType, MapData, Rule, Set, Stmt, Table, TableId, Verdict,
+    SERVICE_SHARDS, TABLE_NAME,
 };
-
-pub(super) fn base(
-    name: &str,
-    kind: ChainType,
-    hook: Hook,
-    priority: i32,
-    rules: Vec<Rule>,
-) -> Chain {
-    Chain {
-        name: name.to_string(),
-        base: Some(BaseChain {
-            kind,
-            hook,
-            priority,
-        }),
-        comment: None,
-        rules,
-    }
-}
-
-pub(super) fn regular(name: &str, rules: Vec<Rule>) -> Chain {
-    Chain {
-        name: name.to_string(),
-        base: None,
-        comment: None,
-        rules,
-    }
-}
-
-pub(super) fn set(name: &str, key: Vec<KeyType>, data: Option<MapData>, comment: &str) -> Set {
-    Set {
-        name: name.to_string(),
-        key,
-        data,
-        comment: Some(comment.to_string()),
-        timeout: None,
-        elements: Vec::new(),
-    }
-}
-
-pub(super) const DISPATCH_KEY: [Field; 3] = [Field::Daddr, Field::L4Proto, Field::Dport];
-const NODEPORT_KEY: [Field; 2] = [Field::L4Proto, Field::Dport];
-
-fn vmap(fields: &[Field], map: &str) -> Stmt {
-    Stmt::Vmap {
-        fields: fields.to_vec(),
-        map: map.into(),
-    }
-}
-
-pub(super) fn jump(chain: &str) -> Stmt {
-    Stmt::Verdict(Verdict::Jump(chain.to_string()))
-}
 
 /// The node's addresses that serve NodePorts: in the main table (the
 /// no-endpoint checks and counters read it) and in each Service table (dispatch).

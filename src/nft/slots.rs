@@ -14,14 +14,14 @@ pub type SlotKey = (IpAddr, u16);
 /// Where the kernel currently has each endpoint of a Service port, by slot:
 /// from its endpoint map `map` if the kernel has it, else from the DNAT rules
 /// of its `chain` (slot 0 = the last rule); `None` if it has neither.
-pub trait SlotHints {
+pub trait Placement {
     fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>>;
 }
 
-/// No hints: a ruleset computed from scratch (render, a cold start).
-pub struct NoHints;
+/// No placement: a ruleset computed from scratch (render, a cold start).
+pub struct FromScratch;
 
-impl SlotHints for NoHints {
+impl Placement for FromScratch {
     fn slots(&self, _: TableId, _: &str, _: &str) -> Option<Vec<SlotKey>> {
         None
     }

@@ -20,39 +20,30 @@
 //!   ClusterIPs, and drop traffic to unallocated addresses in the service CIDRs.
 
 use crate::core::convert::{validate, Objects, Validated};
-use crate::core::model::ClusterState;
+use crate::core::model::{ClusterState, Service};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
+use crate::nft::ipvs_table::ipvs_rules;
 use crate::nft::names::*;
-use crate::nft::service::*;
-use crate::nft::skeleton::*;
-use crate::nft::slots::*;
-use crate::ruleset::{Element, KeyValue, Table, TableId};
+use crate::nft::service::{nftables_rules, ServiceRules};
+use crate::nft::skeleton::skeleton_of;
+use crate::nft::slots::{FromScratch, Placement};
+use crate::ruleset::{Element, KeyValue, Ruleset, Table, TableId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-/// The desired state: per family, the main table and (nftables backend) the
-/// Service tables.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ruleset {
-    pub tables: Vec<Table>,
-}
-
-impl Ruleset {
-    /// The main table of a family.
-    pub fn table(&self, family: Family) -> Option<&Table> {
-        self.get(TableId::main(family))
-    }
-
-    pub fn get(&self, id: TableId) -> Option<&Table> {
-        self.tables
-            .iter()
-            .find(|t| t.family == id.family && t.name == id.name())
-    }
-
-    /// The tables of one family, main first.
-    pub fn of_family(&self, family: Family) -> impl Iterator<Item = &Table> {
-        self.tables.iter().filter(move |t| t.family == family)
+/// The chains and elements of one Service in one family, for the mode's flavour.
+pub fn service_rules(
+    state: &ClusterState,
+    svc: &Service,
+    family: Family,
+    config: &NodeConfig,
+    placement: &dyn Placement,
+) -> ServiceRules {
+    if config.mode.is_ipvs() {
+        ipvs_rules(state, svc, family, config)
+    } else {
+        nftables_rules(state, svc, family, config, placement)
     }
 }
 
@@ -91,7 +82,7 @@ fn tables_for(
     state: &ClusterState,
     config: &NodeConfig,
     family: Family,
-    hints: &dyn SlotHints,
+    placement: &dyn Placement,
 ) -> Vec<Table> {
     let ids = table_ids(family, config);
     let mut tables: Vec<Table> = ids.iter().map(|id| skeleton_of(*id, config)).collect();
@@ -109,7 +100,7 @@ fn tables_for(
         }
     }
     for svc in state.services.values() {
-        let mut rules = service_rules(state, svc, family, config, hints);
+        let mut rules = service_rules(state, svc, family, config, placement);
         let (main, own) = (index(TableId::main(family)), index(rules.table));
         for (set, e) in std::mem::take(&mut rules.elements) {
             elements
@@ -139,19 +130,19 @@ fn tables_for(
 
 /// The whole desired ruleset: the tables for IPv4, then those for IPv6.
 pub fn translate(state: &ClusterState, config: &NodeConfig) -> Ruleset {
-    translate_with_hints(state, config, &NoHints)
+    translate_placed(state, config, &FromScratch)
 }
 
 /// The same, keeping endpoints in the cascade slots the kernel has them in.
-pub fn translate_with_hints(
+pub fn translate_placed(
     state: &ClusterState,
     config: &NodeConfig,
-    hints: &dyn SlotHints,
+    placement: &dyn Placement,
 ) -> Ruleset {
     Ruleset {
         tables: Family::ALL
             .iter()
-            .flat_map(|f| tables_for(state, config, *f, hints))
+            .flat_map(|f| tables_for(state, config, *f, placement))
             .collect(),
     }
 }
@@ -174,6 +165,8 @@ mod tests {
         Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, PortEndpoint, Service,
         ServiceKey, ServicePort, TargetPort,
     };
+    use crate::nft::skeleton::skeleton;
+    use crate::nft::slots::SlotKey;
 
     use crate::core::net::Protocol;
     use crate::nft::slots::{assign_slots, Fill};
@@ -591,6 +584,7 @@ mod tests {
 mod template_tests {
     use super::*;
     use crate::core::node_config::DEFAULT_MASQUERADE_BIT;
+    use crate::nft::skeleton::{service_table_skeleton, skeleton};
 
     /// `nft-templates/skeleton.nft` is the readable form of `skeleton()` and
     /// `service_table_skeleton()`; this keeps
