@@ -18,6 +18,87 @@ pub const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
 
+// Expression names, as the kernel registers them: the one list of them.
+const PAYLOAD: &str = "payload";
+const META: &str = "meta";
+const CMP: &str = "cmp";
+const BITWISE: &str = "bitwise";
+const LOOKUP: &str = "lookup";
+const IMMEDIATE: &str = "immediate";
+const NUMGEN: &str = "numgen";
+const NAT: &str = "nat";
+const MASQ: &str = "masq";
+const REJECT: &str = "reject";
+const CT: &str = "ct";
+const OBJREF: &str = "objref";
+const FIB: &str = "fib";
+const DYNSET: &str = "dynset";
+const COUNTER: &str = "counter";
+const KNOWN: [&str; 15] = [
+    PAYLOAD, META, CMP, BITWISE, LOOKUP, IMMEDIATE, NUMGEN, NAT, MASQ, REJECT, CT, OBJREF, FIB,
+    DYNSET, COUNTER,
+];
+
+// Each expression's attributes (enum nft_<expr>_attributes).
+const NFTA_PAYLOAD_DREG: u16 = 1;
+const NFTA_PAYLOAD_BASE: u16 = 2;
+const NFTA_PAYLOAD_OFFSET: u16 = 3;
+const NFTA_PAYLOAD_LEN: u16 = 4;
+const NFTA_PAYLOAD_SREG: u16 = 5;
+const NFTA_META_DREG: u16 = 1;
+const NFTA_META_KEY: u16 = 2;
+const NFTA_META_SREG: u16 = 3;
+const NFTA_CMP_SREG: u16 = 1;
+const NFTA_CMP_OP: u16 = 2;
+const NFTA_CMP_DATA: u16 = 3;
+const NFTA_BITWISE_SREG: u16 = 1;
+const NFTA_BITWISE_DREG: u16 = 2;
+const NFTA_BITWISE_LEN: u16 = 3;
+const NFTA_BITWISE_MASK: u16 = 4;
+const NFTA_BITWISE_XOR: u16 = 5;
+const NFTA_BITWISE_OP: u16 = 6;
+const NFTA_LOOKUP_SET: u16 = 1;
+const NFTA_LOOKUP_SREG: u16 = 2;
+const NFTA_LOOKUP_DREG: u16 = 3;
+const NFTA_LOOKUP_FLAGS: u16 = 5;
+const NFT_LOOKUP_F_INV: u32 = 1;
+const NFTA_IMMEDIATE_DREG: u16 = 1;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_NG_DREG: u16 = 1;
+const NFTA_NG_MODULUS: u16 = 2;
+const NFTA_NG_TYPE: u16 = 3;
+const NFTA_NG_OFFSET: u16 = 4;
+const NFT_NG_RANDOM: u32 = 1;
+const NFTA_NAT_TYPE: u16 = 1;
+const NFTA_NAT_FAMILY: u16 = 2;
+const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
+const NFTA_NAT_REG_ADDR_MAX: u16 = 4;
+const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
+const NFTA_NAT_REG_PROTO_MAX: u16 = 6;
+const NFTA_NAT_FLAGS: u16 = 7;
+const NFT_NAT_DNAT: u32 = 1;
+const NFTA_MASQ_FLAGS: u16 = 1;
+const NFTA_MASQ_REG_PROTO_MIN: u16 = 2;
+const NFTA_REJECT_TYPE: u16 = 1;
+const NFTA_REJECT_ICMP_CODE: u16 = 2;
+const NFTA_CT_DREG: u16 = 1;
+const NFTA_CT_KEY: u16 = 2;
+const NFTA_CT_DIRECTION: u16 = 3;
+const NFTA_OBJREF_SET_SREG: u16 = 3;
+const NFTA_OBJREF_SET_NAME: u16 = 4;
+const NFTA_DYNSET_SET_NAME: u16 = 1;
+const NFTA_DYNSET_OP: u16 = 3;
+const NFTA_DYNSET_SREG_KEY: u16 = 4;
+const NFTA_DYNSET_SREG_DATA: u16 = 5;
+const NFTA_DYNSET_TIMEOUT: u16 = 6;
+const NFTA_DYNSET_EXPR: u16 = 7;
+const NFTA_DYNSET_PAD: u16 = 8;
+const NFTA_FIB_DREG: u16 = 1;
+const NFTA_FIB_RESULT: u16 = 2;
+const NFTA_FIB_FLAGS: u16 = 3;
+const NFTA_COUNTER_BYTES: u16 = 1;
+const NFTA_COUNTER_PACKETS: u16 = 2;
+
 // Verdict codes: NF_DROP, NF_ACCEPT and the nf_tables extensions (negative).
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
@@ -253,21 +334,21 @@ fn value(buf: &[u8]) -> Result<Vec<u8>, ParseError> {
 impl Expr {
     fn name(&self) -> &str {
         match self {
-            Expr::Payload { .. } => "payload",
-            Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
-            Expr::Cmp { .. } => "cmp",
-            Expr::Bitwise { .. } => "bitwise",
-            Expr::Lookup { .. } => "lookup",
-            Expr::Immediate { .. } => "immediate",
-            Expr::Numgen { .. } => "numgen",
-            Expr::Dnat { .. } => "nat",
-            Expr::Masq { .. } => "masq",
-            Expr::Reject { .. } => "reject",
-            Expr::Ct { .. } => "ct",
-            Expr::ObjrefMap { .. } => "objref",
-            Expr::Fib { .. } => "fib",
-            Expr::DynsetUpdate { .. } => "dynset",
-            Expr::Counter { .. } => "counter",
+            Expr::Payload { .. } => PAYLOAD,
+            Expr::Meta { .. } | Expr::MetaSet { .. } => META,
+            Expr::Cmp { .. } => CMP,
+            Expr::Bitwise { .. } => BITWISE,
+            Expr::Lookup { .. } => LOOKUP,
+            Expr::Immediate { .. } => IMMEDIATE,
+            Expr::Numgen { .. } => NUMGEN,
+            Expr::Dnat { .. } => NAT,
+            Expr::Masq { .. } => MASQ,
+            Expr::Reject { .. } => REJECT,
+            Expr::Ct { .. } => CT,
+            Expr::ObjrefMap { .. } => OBJREF,
+            Expr::Fib { .. } => FIB,
+            Expr::DynsetUpdate { .. } => DYNSET,
+            Expr::Counter { .. } => COUNTER,
             Expr::Other(name) => name,
         }
     }
@@ -288,23 +369,23 @@ impl Expr {
                 offset,
                 len,
             } => {
-                w.put_u32(1, *dreg);
-                w.put_u32(2, *base as u32);
-                w.put_u32(3, *offset);
-                w.put_u32(4, *len);
+                w.put_u32(NFTA_PAYLOAD_DREG, *dreg);
+                w.put_u32(NFTA_PAYLOAD_BASE, *base as u32);
+                w.put_u32(NFTA_PAYLOAD_OFFSET, *offset);
+                w.put_u32(NFTA_PAYLOAD_LEN, *len);
             }
             Expr::Meta { dreg, key } => {
-                w.put_u32(2, *key as u32);
-                w.put_u32(1, *dreg);
+                w.put_u32(NFTA_META_KEY, *key as u32);
+                w.put_u32(NFTA_META_DREG, *dreg);
             }
             Expr::MetaSet { sreg, key } => {
-                w.put_u32(2, *key as u32);
-                w.put_u32(3, *sreg);
+                w.put_u32(NFTA_META_KEY, *key as u32);
+                w.put_u32(NFTA_META_SREG, *sreg);
             }
             Expr::Cmp { sreg, op, data } => {
-                w.put_u32(1, *sreg);
-                w.put_u32(2, *op as u32);
-                write_data(w, 3, &Data::Value(data.clone()));
+                w.put_u32(NFTA_CMP_SREG, *sreg);
+                w.put_u32(NFTA_CMP_OP, *op as u32);
+                write_data(w, NFTA_CMP_DATA, &Data::Value(data.clone()));
             }
             Expr::Bitwise {
                 sreg,
@@ -313,11 +394,11 @@ impl Expr {
                 mask,
                 xor,
             } => {
-                w.put_u32(1, *sreg);
-                w.put_u32(2, *dreg);
-                w.put_u32(3, *len);
-                write_data(w, 4, &Data::Value(mask.clone()));
-                write_data(w, 5, &Data::Value(xor.clone()));
+                w.put_u32(NFTA_BITWISE_SREG, *sreg);
+                w.put_u32(NFTA_BITWISE_DREG, *dreg);
+                w.put_u32(NFTA_BITWISE_LEN, *len);
+                write_data(w, NFTA_BITWISE_MASK, &Data::Value(mask.clone()));
+                write_data(w, NFTA_BITWISE_XOR, &Data::Value(xor.clone()));
             }
             Expr::Lookup {
                 sreg,
@@ -325,24 +406,24 @@ impl Expr {
                 dreg,
                 invert,
             } => {
-                w.put_str(1, set);
-                w.put_u32(2, *sreg);
+                w.put_str(NFTA_LOOKUP_SET, set);
+                w.put_u32(NFTA_LOOKUP_SREG, *sreg);
                 if let Some(d) = dreg {
-                    w.put_u32(3, *d);
+                    w.put_u32(NFTA_LOOKUP_DREG, *d);
                 }
                 if *invert {
-                    w.put_u32(5, 1);
+                    w.put_u32(NFTA_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
                 }
             }
             Expr::Immediate { dreg, data } => {
-                w.put_u32(1, *dreg);
-                write_data(w, 2, data);
+                w.put_u32(NFTA_IMMEDIATE_DREG, *dreg);
+                write_data(w, NFTA_IMMEDIATE_DATA, data);
             }
             Expr::Numgen { dreg, modulus } => {
-                w.put_u32(1, *dreg);
-                w.put_u32(2, *modulus);
-                w.put_u32(3, 1);
-                w.put_u32(4, 0);
+                w.put_u32(NFTA_NG_DREG, *dreg);
+                w.put_u32(NFTA_NG_MODULUS, *modulus);
+                w.put_u32(NFTA_NG_TYPE, NFT_NG_RANDOM);
+                w.put_u32(NFTA_NG_OFFSET, 0);
             }
             Expr::Dnat {
                 family,
@@ -350,50 +431,50 @@ impl Expr {
                 proto_reg,
                 flags,
             } => {
-                w.put_u32(1, 1);
-                w.put_u32(2, *family as u32);
-                w.put_u32(3, *addr_reg);
+                w.put_u32(NFTA_NAT_TYPE, NFT_NAT_DNAT);
+                w.put_u32(NFTA_NAT_FAMILY, *family as u32);
+                w.put_u32(NFTA_NAT_REG_ADDR_MIN, *addr_reg);
                 if let Some(p) = proto_reg {
-                    w.put_u32(5, *p);
+                    w.put_u32(NFTA_NAT_REG_PROTO_MIN, *p);
                 }
                 if *flags != 0 {
-                    w.put_u32(7, *flags);
+                    w.put_u32(NFTA_NAT_FLAGS, *flags);
                 }
             }
             Expr::Masq { flags } => {
                 if *flags != 0 {
-                    w.put_u32(1, *flags);
+                    w.put_u32(NFTA_MASQ_FLAGS, *flags);
                 }
             }
             Expr::Reject { kind, code } => {
-                w.put_u32(1, *kind);
-                w.put(2, &[*code]);
+                w.put_u32(NFTA_REJECT_TYPE, *kind);
+                w.put(NFTA_REJECT_ICMP_CODE, &[*code]);
             }
             Expr::Ct { dreg, key } => {
-                w.put_u32(2, *key as u32);
-                w.put_u32(1, *dreg);
+                w.put_u32(NFTA_CT_KEY, *key as u32);
+                w.put_u32(NFTA_CT_DREG, *dreg);
             }
             Expr::ObjrefMap { sreg, set } => {
-                w.put_u32(3, *sreg);
-                w.put_str(4, set);
+                w.put_u32(NFTA_OBJREF_SET_SREG, *sreg);
+                w.put_str(NFTA_OBJREF_SET_NAME, set);
             }
             Expr::DynsetUpdate { sreg, set } => {
-                w.put_str(1, set);
-                w.put_u32(3, DYNSET_OP_UPDATE);
-                w.put_u32(4, *sreg);
+                w.put_str(NFTA_DYNSET_SET_NAME, set);
+                w.put_u32(NFTA_DYNSET_OP, DYNSET_OP_UPDATE);
+                w.put_u32(NFTA_DYNSET_SREG_KEY, *sreg);
             }
             Expr::Fib {
                 dreg,
                 result,
                 flags,
             } => {
-                w.put_u32(1, *dreg);
-                w.put_u32(2, *result);
-                w.put_u32(3, *flags);
+                w.put_u32(NFTA_FIB_DREG, *dreg);
+                w.put_u32(NFTA_FIB_RESULT, *result);
+                w.put_u32(NFTA_FIB_FLAGS, *flags);
             }
             Expr::Counter { packets, bytes } => {
-                w.put_u64(1, *bytes);
-                w.put_u64(2, *packets);
+                w.put_u64(NFTA_COUNTER_BYTES, *bytes);
+                w.put_u64(NFTA_COUNTER_PACKETS, *packets);
             }
             Expr::Other(_) => {}
         }
@@ -419,145 +500,152 @@ impl Expr {
             let (k, p) = a?;
             f.set(k, p);
         }
-        let ctx: &'static str = match name.as_str() {
-            "payload" => "payload",
-            "meta" => "meta",
-            "cmp" => "cmp",
-            "bitwise" => "bitwise",
-            "lookup" => "lookup",
-            "immediate" => "immediate",
-            "numgen" => "numgen",
-            "nat" => "nat",
-            "masq" => "masq",
-            "reject" => "reject",
-            "ct" => "ct",
-            "fib" => "fib",
-            "dynset" => "dynset",
-            "counter" => "counter",
-            "objref" => "objref",
-            _ => return Ok(Expr::Other(name)),
+        let Some(ctx) = KNOWN.into_iter().find(|known| *known == name) else {
+            return Ok(Expr::Other(name));
         };
         let u = |k: u16| f.u32(ctx, k);
+        let u_or_0 = |k: u16| f.get(k).map(|_| u(k)).transpose().map(|v| v.unwrap_or(0));
+        let string = |k: u16| Payload::new(ctx, k, f.req(ctx, k)?).string();
         Ok(match ctx {
-            "payload" if f.get(5).is_none() => Expr::Payload {
-                dreg: u(1)?,
-                base: match u(2)? {
+            PAYLOAD if f.get(NFTA_PAYLOAD_SREG).is_none() => Expr::Payload {
+                dreg: u(NFTA_PAYLOAD_DREG)?,
+                base: match u(NFTA_PAYLOAD_BASE)? {
                     1 => PayloadBase::Network,
                     2 => PayloadBase::Transport,
                     _ => return Ok(Expr::Other(name)),
                 },
-                offset: u(3)?,
-                len: u(4)?,
+                offset: u(NFTA_PAYLOAD_OFFSET)?,
+                len: u(NFTA_PAYLOAD_LEN)?,
             },
-            "meta" => {
-                let key = match u(2)? {
+            META => {
+                let key = match u(NFTA_META_KEY)? {
                     3 => MetaKey::Mark,
                     16 => MetaKey::L4Proto,
                     _ => return Ok(Expr::Other(name)),
                 };
-                match f.get(1) {
-                    Some(_) => Expr::Meta { dreg: u(1)?, key },
-                    None => Expr::MetaSet { sreg: u(3)?, key },
+                match f.get(NFTA_META_DREG) {
+                    Some(_) => Expr::Meta {
+                        dreg: u(NFTA_META_DREG)?,
+                        key,
+                    },
+                    None => Expr::MetaSet {
+                        sreg: u(NFTA_META_SREG)?,
+                        key,
+                    },
                 }
             }
-            "cmp" => Expr::Cmp {
-                sreg: u(1)?,
-                op: match u(2)? {
+            CMP => Expr::Cmp {
+                sreg: u(NFTA_CMP_SREG)?,
+                op: match u(NFTA_CMP_OP)? {
                     0 => CmpOp::Eq,
                     1 => CmpOp::Neq,
                     _ => return Ok(Expr::Other(name)),
                 },
-                data: value(f.req(ctx, 3)?)?,
+                data: value(f.req(ctx, NFTA_CMP_DATA)?)?,
             },
             // Only the boolean form (NFTA_BITWISE_OP absent or NFT_BITWISE_BOOL).
-            "bitwise" if f.get(6).is_none_or(|p| p == [0, 0, 0, 0]) => Expr::Bitwise {
-                sreg: u(1)?,
-                dreg: u(2)?,
-                len: u(3)?,
-                mask: value(f.req(ctx, 4)?)?,
-                xor: value(f.req(ctx, 5)?)?,
+            BITWISE if f.get(NFTA_BITWISE_OP).is_none_or(|p| p == [0, 0, 0, 0]) => Expr::Bitwise {
+                sreg: u(NFTA_BITWISE_SREG)?,
+                dreg: u(NFTA_BITWISE_DREG)?,
+                len: u(NFTA_BITWISE_LEN)?,
+                mask: value(f.req(ctx, NFTA_BITWISE_MASK)?)?,
+                xor: value(f.req(ctx, NFTA_BITWISE_XOR)?)?,
             },
-            "lookup" => Expr::Lookup {
-                set: Payload::new(ctx, 1, f.req(ctx, 1)?).string()?,
-                sreg: u(2)?,
-                dreg: f.get(3).map(|_| u(3)).transpose()?,
-                invert: f.get(5).map(|_| u(5)).transpose()?.unwrap_or(0) & 1 == 1,
+            LOOKUP => Expr::Lookup {
+                set: string(NFTA_LOOKUP_SET)?,
+                sreg: u(NFTA_LOOKUP_SREG)?,
+                dreg: f
+                    .get(NFTA_LOOKUP_DREG)
+                    .map(|_| u(NFTA_LOOKUP_DREG))
+                    .transpose()?,
+                invert: u_or_0(NFTA_LOOKUP_FLAGS)? & NFT_LOOKUP_F_INV != 0,
             },
-            "immediate" => Expr::Immediate {
-                dreg: u(1)?,
-                data: parse_data(f.req(ctx, 2)?)?,
+            IMMEDIATE => Expr::Immediate {
+                dreg: u(NFTA_IMMEDIATE_DREG)?,
+                data: parse_data(f.req(ctx, NFTA_IMMEDIATE_DATA)?)?,
             },
-            "numgen" if u(3)? == 1 && f.get(4).map(|_| u(4)).transpose()?.unwrap_or(0) == 0 => {
+            NUMGEN if u(NFTA_NG_TYPE)? == NFT_NG_RANDOM && u_or_0(NFTA_NG_OFFSET)? == 0 => {
                 Expr::Numgen {
-                    dreg: u(1)?,
-                    modulus: u(2)?,
+                    dreg: u(NFTA_NG_DREG)?,
+                    modulus: u(NFTA_NG_MODULUS)?,
                 }
             }
             // The kernel dumps the max registers equal to the min ones we sent.
-            "nat"
-                if u(1)? == 1
-                    && f.get(4).is_none_or(|p| Some(p) == f.get(3))
-                    && f.get(6).is_none_or(|p| Some(p) == f.get(5)) =>
+            NAT if u(NFTA_NAT_TYPE)? == NFT_NAT_DNAT
+                && f.get(NFTA_NAT_REG_ADDR_MAX)
+                    .is_none_or(|p| Some(p) == f.get(NFTA_NAT_REG_ADDR_MIN))
+                && f.get(NFTA_NAT_REG_PROTO_MAX)
+                    .is_none_or(|p| Some(p) == f.get(NFTA_NAT_REG_PROTO_MIN)) =>
             {
-                let proto_reg = f.get(5).map(|_| u(5)).transpose()?;
+                let proto_reg = f
+                    .get(NFTA_NAT_REG_PROTO_MIN)
+                    .map(|_| u(NFTA_NAT_REG_PROTO_MIN))
+                    .transpose()?;
                 // The kernel records that an address was given; nft never sends that bit.
-                let flags = f.get(7).map(|_| u(7)).transpose()?.unwrap_or(0) & !NAT_MAP_IPS;
+                let flags = u_or_0(NFTA_NAT_FLAGS)? & !NAT_MAP_IPS;
                 Expr::Dnat {
-                    family: u(2)? as u8,
-                    addr_reg: u(3)?,
+                    family: u(NFTA_NAT_FAMILY)? as u8,
+                    addr_reg: u(NFTA_NAT_REG_ADDR_MIN)?,
                     proto_reg,
                     flags,
                 }
             }
-            "masq" if f.get(2).is_none() => Expr::Masq {
-                flags: f.get(1).map(|_| u(1)).transpose()?.unwrap_or(0),
+            MASQ if f.get(NFTA_MASQ_REG_PROTO_MIN).is_none() => Expr::Masq {
+                flags: u_or_0(NFTA_MASQ_FLAGS)?,
             },
-            "reject" => Expr::Reject {
-                kind: u(1)?,
-                code: Payload::new(ctx, 2, f.get(2).unwrap_or(&[0])).u8()?,
+            REJECT => Expr::Reject {
+                kind: u(NFTA_REJECT_TYPE)?,
+                code: Payload::new(
+                    ctx,
+                    NFTA_REJECT_ICMP_CODE,
+                    f.get(NFTA_REJECT_ICMP_CODE).unwrap_or(&[0]),
+                )
+                .u8()?,
             },
-            // The kernel dumps a zero timeout and zero flags we never send.
-            "dynset"
-                if u(3)? == DYNSET_OP_UPDATE
-                    && f.get(5).is_none()
-                    && f.get(7).is_none()
-                    && f.get(6).is_none_or(|p| p.iter().all(|b| *b == 0))
-                    && f.get(8).is_none_or(|p| p.iter().all(|b| *b == 0)) =>
+            // The kernel dumps a zero timeout (and its padding) we never send.
+            DYNSET
+                if u(NFTA_DYNSET_OP)? == DYNSET_OP_UPDATE
+                    && f.get(NFTA_DYNSET_SREG_DATA).is_none()
+                    && f.get(NFTA_DYNSET_EXPR).is_none()
+                    && f.get(NFTA_DYNSET_TIMEOUT)
+                        .is_none_or(|p| p.iter().all(|b| *b == 0))
+                    && f.get(NFTA_DYNSET_PAD)
+                        .is_none_or(|p| p.iter().all(|b| *b == 0)) =>
             {
                 Expr::DynsetUpdate {
-                    sreg: u(4)?,
-                    set: Payload::new(ctx, 1, f.req(ctx, 1)?).string()?,
+                    sreg: u(NFTA_DYNSET_SREG_KEY)?,
+                    set: string(NFTA_DYNSET_SET_NAME)?,
                 }
             }
-            "fib" => Expr::Fib {
-                dreg: u(1)?,
-                result: u(2)?,
-                flags: u(3)?,
+            FIB => Expr::Fib {
+                dreg: u(NFTA_FIB_DREG)?,
+                result: u(NFTA_FIB_RESULT)?,
+                flags: u(NFTA_FIB_FLAGS)?,
             },
-            "ct" if f.get(1).is_some() && f.get(3).is_none() => Expr::Ct {
-                dreg: u(1)?,
-                key: match u(2)? {
+            CT if f.get(NFTA_CT_DREG).is_some() && f.get(NFTA_CT_DIRECTION).is_none() => Expr::Ct {
+                dreg: u(NFTA_CT_DREG)?,
+                key: match u(NFTA_CT_KEY)? {
                     0 => CtKey::State,
                     1 => CtKey::Direction,
                     _ => return Ok(Expr::Other(name)),
                 },
             },
-            "objref" if f.get(3).is_some() => Expr::ObjrefMap {
-                sreg: u(3)?,
-                set: Payload::new(ctx, 4, f.req(ctx, 4)?).string()?,
+            OBJREF if f.get(NFTA_OBJREF_SET_SREG).is_some() => Expr::ObjrefMap {
+                sreg: u(NFTA_OBJREF_SET_SREG)?,
+                set: string(NFTA_OBJREF_SET_NAME)?,
             },
-            "counter" => Expr::Counter {
-                bytes: f
-                    .get(1)
-                    .map(|p| Payload::new(ctx, 1, p).u64())
-                    .transpose()?
-                    .unwrap_or(0),
-                packets: f
-                    .get(2)
-                    .map(|p| Payload::new(ctx, 2, p).u64())
-                    .transpose()?
-                    .unwrap_or(0),
-            },
+            COUNTER => {
+                let u64_or_0 = |k: u16| {
+                    f.get(k)
+                        .map(|p| Payload::new(ctx, k, p).u64())
+                        .transpose()
+                        .map(|v| v.unwrap_or(0))
+                };
+                Expr::Counter {
+                    bytes: u64_or_0(NFTA_COUNTER_BYTES)?,
+                    packets: u64_or_0(NFTA_COUNTER_PACKETS)?,
+                }
+            }
             _ => Expr::Other(name),
         })
     }
