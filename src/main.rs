@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 use kube_nft::core::node_config::{
-    NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+    ModeName, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
 };
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
@@ -81,8 +81,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
         /// `nftables`, or `ipvs` where the kernel has IPVS.
-        #[arg(long, visible_alias = "proxy-mode", default_value = "nftables", value_parser = ProxyMode::NAMES)]
-        backend: String,
+        #[arg(long, visible_alias = "backend", value_enum, default_value_t)]
+        proxy_mode: ModeName,
     },
     /// Measure syncs and packets at several cluster sizes, in scratch namespaces.
     Bench(BenchArgs),
@@ -115,8 +115,6 @@ enum Command {
     },
 }
 
-/// `run`'s flags: kube-proxy's, with the same names and meanings, plus ours.
-/// A flag given wins over `--config`; unset ones take the file's value or the default.
 #[derive(Args)]
 struct BenchArgs {
     /// Cluster sizes: SERVICES or SERVICESxENDPOINTS (total), comma-separated;
@@ -124,9 +122,10 @@ struct BenchArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1000,10000,30000,30000x250000"
+        default_value = "1000,10000,30000,30000x250000",
+        value_parser = kube_nft::bench::report::parse_size
     )]
-    sizes: Vec<String>,
+    sizes: Vec<(usize, usize)>,
     /// Runs per measurement; medians are reported.
     #[arg(long, default_value_t = 5)]
     runs: usize,
@@ -168,8 +167,8 @@ struct VersusArgs {
     #[arg(long)]
     kube_proxy: PathBuf,
     /// This node's Node name, registered with its address.
-    #[arg(long)]
-    node_name: String,
+    #[arg(long, visible_alias = "node-name")]
+    hostname_override: String,
     /// This node's address: the probe's endpoint listens there, and /healthz.
     #[arg(long)]
     node_ip: std::net::Ipv4Addr,
@@ -271,105 +270,14 @@ struct RunArgs {
     logging: LoggingArgs,
     #[command(flatten)]
     kube_proxy: config::kube_proxy_flags::KubeProxyFlags,
-    /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Read Services and EndpointSlices from manifests instead of an API server.
-    #[arg(long, num_args = 1..)]
-    manifests: Vec<PathBuf>,
-    /// The kubeconfig to reach the API server with (default: the in-cluster config;
-    /// as kube-proxy, neither $KUBECONFIG nor ~/.kube/config is read).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// The API server's URL (overrides the kubeconfig's).
-    #[arg(long)]
-    master: Option<String>,
-    /// This node's name, if not its hostname.
-    #[arg(long, visible_alias = "node-name")]
-    hostname_override: Option<String>,
-    /// `nftables` (the default) or `ipvs` (IPVS balances; nftables does the rest).
-    #[arg(long, visible_alias = "backend")]
-    proxy_mode: Option<String>,
-    /// The IPVS scheduler for Services without the `kube-nft.io/ipvs-scheduler`
-    /// annotation (default rr).
-    #[arg(long)]
-    ipvs_scheduler: Option<String>,
-    /// Answer ARP only for addresses on the interface asked (arp_ignore=1, arp_announce=2).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
-    ipvs_strict_arp: Option<bool>,
-    /// Virtual services in these CIDRs belong to someone else: never touched.
-    #[arg(long, value_delimiter = ',')]
-    ipvs_exclude_cidrs: Option<Vec<IpNet>>,
-    /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
-    /// ClusterIP is masqueraded.
-    #[arg(long, value_delimiter = ',')]
-    cluster_cidr: Option<Vec<IpNet>>,
-    /// Service CIDRs (one per family): unallocated addresses in them are dropped.
-    /// Default: from the cluster's ServiceCIDR objects.
-    #[arg(long, value_delimiter = ',')]
-    service_cidr: Option<Vec<IpNet>>,
-    /// Where NodePorts are served: `primary` (default), `all`, or CIDRs selecting
-    /// this node's addresses.
-    #[arg(long)]
-    nodeport_addresses: Option<String>,
-    /// Masquerade every connection to a ClusterIP.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
-    masquerade_all: Option<bool>,
-    /// The bit of the packet mark that requests masquerade (default 14: 0x4000).
-    #[arg(long)]
-    masquerade_bit: Option<u8>,
-    /// What is traffic from a pod: ClusterCIDR (default) or NodeCIDR.
-    #[arg(long)]
-    detect_local_mode: Option<String>,
-    /// HOST:PORT of /healthz and /livez (default 0.0.0.0:10256; empty: off).
-    #[arg(long)]
-    healthz_bind_address: Option<String>,
-    /// HOST:PORT of /metrics (default 127.0.0.1:10249; empty: off).
-    #[arg(long)]
-    metrics_bind_address: Option<String>,
-    /// How often the whole table is read back and repaired (default 30s).
-    #[arg(long, value_parser = config::parse_duration)]
-    sync_period: Option<Duration>,
-    /// The least time between syncs; changes within it go out together (default 1s).
-    #[arg(long, value_parser = config::parse_duration)]
-    min_sync_period: Option<Duration>,
-    /// Count every Service port's packets and bytes (see `kube-nft top`).
-    #[arg(long)]
-    counters: bool,
+    #[command(flatten)]
+    flags: config::Flags,
     /// Apply once and exit: 0 only if the ruleset was committed.
     #[arg(long)]
     once: bool,
     /// Remove kube-nft's tables and exit (as `kube-nft cleanup`).
     #[arg(long)]
     cleanup: bool,
-}
-
-impl RunArgs {
-    fn flags(&self) -> config::Flags {
-        config::Flags {
-            config: self.config.clone(),
-            manifests: self.manifests.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-            master: self.master.clone(),
-            hostname_override: self.hostname_override.clone(),
-            proxy_mode: self.proxy_mode.clone(),
-            ipvs_scheduler: self.ipvs_scheduler.clone(),
-            ipvs_strict_arp: self.ipvs_strict_arp,
-            ipvs_exclude_cidrs: self.ipvs_exclude_cidrs.clone(),
-            cluster_cidr: self.cluster_cidr.clone(),
-            service_cidr: self.service_cidr.clone(),
-            nodeport_addresses: self.nodeport_addresses.clone(),
-            masquerade_all: self.masquerade_all,
-            masquerade_bit: self.masquerade_bit,
-            detect_local_mode: self.detect_local_mode.clone(),
-            healthz_bind_address: self.healthz_bind_address.clone(),
-            metrics_bind_address: self.metrics_bind_address.clone(),
-            sync_period: self.sync_period,
-            min_sync_period: self.min_sync_period,
-            oom_score_adj: None,
-            counters: self.counters,
-        }
-    }
 }
 
 /// The flags of the one-shot commands that translate manifests (`render`, `explain`).
@@ -380,8 +288,8 @@ struct ProxyArgs {
     #[arg(long, num_args = 1..)]
     manifests: Vec<PathBuf>,
     /// This node's name, to pick its Node object.
-    #[arg(long, visible_alias = "hostname-override")]
-    node_name: Option<String>,
+    #[arg(long, visible_alias = "node-name")]
+    hostname_override: Option<String>,
     /// Pod CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
     cluster_cidr: Vec<IpNet>,
@@ -403,8 +311,8 @@ struct ProxyArgs {
     #[arg(long)]
     counters: bool,
     /// `ipvs`: the table the IPVS backend keeps beside IPVS.
-    #[arg(long, visible_alias = "backend", default_value = "nftables", value_parser = ProxyMode::NAMES)]
-    proxy_mode: String,
+    #[arg(long, visible_alias = "backend", value_enum, default_value_t)]
+    proxy_mode: ModeName,
 }
 
 impl ProxyArgs {
@@ -417,7 +325,7 @@ impl ProxyArgs {
             local_addresses: Vec::new(),
             counters: self.counters,
             masquerade_all: self.masquerade_all,
-            mode: proxy_mode_named(&self.proxy_mode),
+            mode: self.proxy_mode.mode(),
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -439,8 +347,11 @@ impl ProxyArgs {
         for r in &loaded.rejected {
             tracing::warn!("rejected: {r}");
         }
-        let (ruleset, _) =
-            kube_nft::nft::translate::desired(&loaded.objects, self.node_name.as_deref(), config);
+        let (ruleset, _) = kube_nft::nft::translate::desired(
+            &loaded.objects,
+            self.hostname_override.as_deref(),
+            config,
+        );
         Ok(ruleset)
     }
 }
@@ -501,7 +412,7 @@ fn main() -> ExitCode {
             prefix,
             cluster_cidr,
             service_cidr,
-            backend,
+            proxy_mode,
         } => lab::run(&LabOptions {
             manifests,
             requests,
@@ -511,7 +422,7 @@ fn main() -> ExitCode {
                 cluster_cidrs: cluster_cidr,
                 service_cidrs: service_cidr,
                 masquerade_bit: DEFAULT_MASQUERADE_BIT,
-                mode: proxy_mode_named(&backend),
+                mode: proxy_mode.mode(),
                 ..NodeConfig::default()
             },
         })
@@ -544,7 +455,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         return Ok(true);
     }
     args.logging.refused()?;
-    let mut flags = args.flags();
+    let mut flags = args.flags.clone();
     for warning in args.kube_proxy.apply(&mut flags)? {
         tracing::warn!("{warning}");
     }
@@ -553,12 +464,6 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     }
     let settings = config::resolve(&flags)?;
     daemon::run(settings, args.once).map(|_| true)
-}
-
-/// `--proxy-mode`/`--backend` of the one-shot commands (clap has checked the
-/// name): the backend with its default settings.
-fn proxy_mode_named(mode: &str) -> ProxyMode {
-    ProxyMode::named(mode).unwrap_or_default()
 }
 
 fn cleanup() -> Result<bool, String> {
@@ -611,8 +516,11 @@ fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, 
     }
     let config = proxy.config_here()?;
     let loaded = files::load(&proxy.manifests).map_err(|e| format!("manifest {e}"))?;
-    let (ruleset, validated) =
-        kube_nft::nft::translate::desired(&loaded.objects, proxy.node_name.as_deref(), &config);
+    let (ruleset, validated) = kube_nft::nft::translate::desired(
+        &loaded.objects,
+        proxy.hostname_override.as_deref(),
+        &config,
+    );
     let e = explain::explain(&ruleset, &packet, &local);
     print!("{}", explain::render(&e));
     if let Some(why) = config.nodeports_unserved(&validated.state) {
@@ -664,7 +572,7 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
     versus::versus(&versus::VersusOptions {
         kubeconfig: args.kubeconfig.clone(),
         kube_proxy: args.kube_proxy.clone(),
-        node_name: args.node_name.clone(),
+        node_name: args.hostname_override.clone(),
         node_ip: args.node_ip,
         sizes: args.sizes.clone(),
         runs: args.runs,
@@ -675,143 +583,25 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
     Ok(true)
 }
 
-fn parse_size(s: &str) -> Result<(usize, usize), String> {
-    let bad = || format!("{s:?} is not SERVICES or SERVICESxENDPOINTS");
-    match s.split_once('x') {
-        Some((a, b)) => Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?)),
-        None => {
-            let n: usize = s.parse().map_err(|_| bad())?;
-            Ok((n, n * 10))
-        }
-    }
-}
-
 fn bench(args: BenchArgs) -> Result<(), String> {
-    use kube_nft::bench::{self, plot as chart};
-    let BenchArgs {
-        sizes,
-        runs,
-        kube_proxy_shape_max,
-        dataplane_sizes,
-        no_dataplane,
-        dataplane_seconds,
-        plot,
-        prefix,
-        api_sizes,
-        operator_max,
-    } = args;
-    let dataplane_sizes = if no_dataplane {
-        Vec::new()
-    } else {
-        dataplane_sizes
-    };
     if !rustix::process::geteuid().is_root() {
         return Err("kube-nft bench creates network namespaces and needs root".into());
     }
-    let sizes: Vec<(usize, usize)> = sizes
-        .iter()
-        .map(|s| parse_size(s))
-        .collect::<Result<_, _>>()?;
-    let opts = bench::BenchOptions {
-        sizes: sizes.clone(),
-        runs,
-        kube_proxy_shape_max,
-        operator_max,
-        prefix: prefix.clone(),
-    };
-    let mut results = Vec::new();
-    for (services, endpoints) in &sizes {
-        eprintln!("control plane: {services} Services, {endpoints} endpoints…");
-        results.push(bench::control_plane(&opts, *services, *endpoints)?);
-    }
-    println!("## Control plane (median of {})\n", runs_text(runs));
-    print!("{}", bench::control_table(&results));
-    println!("\n{}", bench::linearity(&results));
-    let operator: Vec<_> = results
-        .iter()
-        .filter_map(|r| Some((r.services, r.endpoints, r.ours_view?, r.kube_proxy_view)))
-        .collect();
-    if !operator.is_empty() {
-        println!("\n## What an operator lives with: `nft list ruleset` and `nft monitor` (nft {}), each ruleset loaded with `nft -f`, one run\n", nft_version());
-        print!("{}", bench::operator::operator_table(&operator));
-    }
-    if let Some(path) = plot {
-        let per_ten = |f: &dyn Fn(&bench::ControlResult) -> Option<f64>| -> Vec<(f64, f64)> {
-            results
-                .iter()
-                .filter(|r| r.endpoints == r.services * 10)
-                .filter_map(|r| f(r).map(|ms| (r.services as f64 / 1000.0, ms / 1000.0)))
-                .collect()
-        };
-        let svg = chart::line_chart(
-            "Full sync of N Services × 10 endpoints into an empty namespace",
-            "Services (thousands)",
-            "seconds",
-            &[
-                chart::Series {
-                    name: "kube-nft (netlink), a process".into(),
-                    color: "#1f77b4",
-                    points: per_ten(&|r| Some(r.cold_process_ms)),
-                },
-                chart::Series {
-                    name: "nft -f, same rules".into(),
-                    color: "#ff7f0e",
-                    points: per_ten(&|r| Some(r.nft_f_ms)),
-                },
-                chart::Series {
-                    name: "a numgen map per Service (nft -f)".into(),
-                    color: "#d62728",
-                    points: per_ten(&|r| r.kube_proxy_shape_ms),
-                },
-            ],
-        );
-        std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    if !dataplane_sizes.is_empty() {
-        eprintln!("data plane: {dataplane_sizes:?} Services…");
-        let data = bench::dataplane::data_plane(
-            &dataplane_sizes,
-            dataplane_seconds,
-            runs.min(5),
-            &format!("{prefix}-dp"),
-        )?;
-        println!("\n## Data plane: new TCP connections through one ClusterIP ({dataplane_seconds} s per run; {} rounds, each running every size and ruleset once; medians)\n", data.rounds);
-        print!("{}", bench::dataplane::data_table(&data));
-    }
-    if !api_sizes.is_empty() {
-        let mut api = Vec::new();
-        for services in &api_sizes {
-            eprintln!("API path: {services} Services through the loopback API server…");
-            let mut all = Vec::new();
-            for r in 0..runs.max(1) {
-                all.push(bench::api_path::api_path(
-                    &format!("{prefix}{r}"),
-                    *services,
-                    10,
-                )?);
-            }
-            api.push(all);
-        }
-        println!("\n## API path: `kube-nft run --once` fed N Services × 10 endpoints by the loopback API server, in pages of 500 (median of {})\n", runs_text(runs));
-        print!("{}", bench::api_path::api_table(&api));
-    }
-    Ok(())
-}
-
-/// The `nft` binary's version, as `nft --version` prints it.
-fn nft_version() -> String {
-    std::process::Command::new("nft")
-        .arg("--version")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// "1 run", "3 runs".
-fn runs_text(runs: usize) -> String {
-    match runs.max(1) {
-        1 => "1 run".into(),
-        n => format!("{n} runs"),
-    }
+    kube_nft::bench::report::run(&kube_nft::bench::report::Report {
+        control: kube_nft::bench::BenchOptions {
+            sizes: args.sizes,
+            runs: args.runs,
+            kube_proxy_shape_max: args.kube_proxy_shape_max,
+            operator_max: args.operator_max,
+            prefix: args.prefix,
+        },
+        dataplane_sizes: if args.no_dataplane {
+            Vec::new()
+        } else {
+            args.dataplane_sizes
+        },
+        dataplane_seconds: args.dataplane_seconds,
+        plot: args.plot,
+        api_sizes: args.api_sizes,
+    })
 }

@@ -19,6 +19,7 @@ pub mod dataplane;
 pub mod operator;
 pub mod plot;
 pub mod reach;
+pub mod report;
 pub mod versus;
 
 use crate::core::model::{ClusterState, ServiceKey};

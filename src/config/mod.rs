@@ -9,7 +9,7 @@
 
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
-    IpvsSettings, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+    IpvsSettings, ModeName, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
 };
 use crate::source::kubernetes::Connection;
 use ipnet::IpNet;
@@ -29,30 +29,78 @@ pub const DEFAULT_METRICS_BIND_ADDRESS: &str = "127.0.0.1:10249";
 pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
 pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_secs(1);
 
-/// The settings that come as flags; `None` means not given.
-#[derive(Debug, Clone, Default)]
+/// `run`'s own flags, with kube-proxy's names and meanings; `None` means not
+/// given (the config file's value or the default then holds). The rest of
+/// kube-proxy's flags are `kube_proxy_flags::KubeProxyFlags`.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Flags {
+    /// A KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file.
+    #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Read Services and EndpointSlices from manifests instead of an API server.
+    #[arg(long, num_args = 1..)]
     pub manifests: Vec<PathBuf>,
+    /// The kubeconfig to reach the API server with (default: the in-cluster config;
+    /// as kube-proxy, neither $KUBECONFIG nor ~/.kube/config is read).
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL (overrides the kubeconfig's).
+    #[arg(long)]
     pub master: Option<String>,
+    /// This node's name, if not its hostname.
+    #[arg(long, visible_alias = "node-name")]
     pub hostname_override: Option<String>,
-    pub proxy_mode: Option<String>,
+    /// `nftables` (the default) or `ipvs` (IPVS balances; nftables does the rest).
+    #[arg(long, visible_alias = "backend")]
+    pub proxy_mode: Option<ModeName>,
+    /// The IPVS scheduler for Services without the `kube-nft.io/ipvs-scheduler`
+    /// annotation (default rr).
+    #[arg(long)]
     pub ipvs_scheduler: Option<String>,
+    /// Answer ARP only for addresses on the interface asked (arp_ignore=1, arp_announce=2).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub ipvs_strict_arp: Option<bool>,
+    /// Virtual services in these CIDRs belong to someone else: never touched.
+    #[arg(long, value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Option<Vec<IpNet>>,
+    /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
+    /// ClusterIP is masqueraded.
+    #[arg(long, value_delimiter = ',')]
     pub cluster_cidr: Option<Vec<IpNet>>,
+    /// Service CIDRs (one per family): unallocated addresses in them are dropped.
+    /// Default: from the cluster's ServiceCIDR objects.
+    #[arg(long, value_delimiter = ',')]
     pub service_cidr: Option<Vec<IpNet>>,
+    /// Where NodePorts are served: `primary` (default), `all`, or CIDRs selecting
+    /// this node's addresses.
+    #[arg(long)]
     pub nodeport_addresses: Option<String>,
+    /// Masquerade every connection to a ClusterIP.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub masquerade_all: Option<bool>,
+    /// The bit of the packet mark that requests masquerade (default 14: 0x4000).
+    #[arg(long)]
     pub masquerade_bit: Option<u8>,
+    /// What is traffic from a pod: ClusterCIDR (default) or NodeCIDR.
+    #[arg(long)]
     pub detect_local_mode: Option<String>,
-    /// `Some("")` turns the server off.
+    /// HOST:PORT of /healthz and /livez (default 0.0.0.0:10256; empty: off).
+    #[arg(long)]
     pub healthz_bind_address: Option<String>,
+    /// HOST:PORT of /metrics (default 127.0.0.1:10249; empty: off).
+    #[arg(long)]
     pub metrics_bind_address: Option<String>,
+    /// How often the whole table is read back and repaired (default 30s).
+    #[arg(long, value_parser = parse_duration)]
     pub sync_period: Option<Duration>,
+    /// The least time between syncs; changes within it go out together (default 1s).
+    #[arg(long, value_parser = parse_duration)]
     pub min_sync_period: Option<Duration>,
+    /// kube-proxy's `--oom-score-adj` (set through `KubeProxyFlags`).
+    #[arg(skip)]
     pub oom_score_adj: Option<i32>,
+    /// Count every Service port's packets and bytes (see `kube-nft top`).
+    #[arg(long)]
     pub counters: bool,
 }
 
@@ -178,13 +226,13 @@ fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
     }
 }
 
-/// `mode` / `--proxy-mode`: whether the mode is IPVS.
+/// The config file's `mode`: whether it is IPVS (`--proxy-mode` is checked by clap).
 fn check_mode(mode: &str, field: &str) -> Result<bool, String> {
     match ProxyMode::named(mode) {
         Some(m) => Ok(m.is_ipvs()),
         None => Err(format!(
             "{field}: {mode:?} is not supported by kube-nft ({})",
-            ProxyMode::NAMES.join(" or ")
+            ModeName::names().join(" or ")
         )),
     }
 }
@@ -270,8 +318,8 @@ pub fn resolve_text(flags: &Flags, text: &str, origin: &Path) -> Result<Settings
 }
 
 fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String> {
-    let ipvs_mode = match &flags.proxy_mode {
-        Some(mode) => check_mode(mode, "--proxy-mode")?,
+    let ipvs_mode = match flags.proxy_mode {
+        Some(mode) => mode == ModeName::Ipvs,
         None => check_mode(file.mode.as_deref().unwrap_or_default(), "mode")?,
     };
     let nft = file.nftables.unwrap_or_default();

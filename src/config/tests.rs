@@ -255,7 +255,7 @@ fn mode_ipvs_takes_the_ipvs_section_and_its_flags() {
     let s = resolve_text(
         KUBEADM,
         Flags {
-            proxy_mode: Some("nftables".into()),
+            proxy_mode: Some(ModeName::Nftables),
             ..Flags::default()
         },
     )

@@ -60,17 +60,43 @@ pub enum ProxyMode {
     Ipvs(IpvsSettings),
 }
 
-impl ProxyMode {
-    /// The modes by the names `--proxy-mode` and the config file's `mode` take.
-    pub const NAMES: [&'static str; 2] = ["nftables", "ipvs"];
+/// The proxy modes by the names `--proxy-mode` and the config file's `mode`
+/// take: the one list of them (clap's `ValueEnum` lowercases the variants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ModeName {
+    #[default]
+    Nftables,
+    Ipvs,
+}
 
+impl ModeName {
+    /// The mode with its default settings.
+    pub fn mode(self) -> ProxyMode {
+        match self {
+            ModeName::Nftables => ProxyMode::Nftables,
+            ModeName::Ipvs => ProxyMode::Ipvs(IpvsSettings::default()),
+        }
+    }
+
+    pub fn names() -> Vec<String> {
+        use clap::ValueEnum;
+        ModeName::value_variants()
+            .iter()
+            .filter_map(|m| m.to_possible_value())
+            .map(|v| v.get_name().to_string())
+            .collect()
+    }
+}
+
+impl ProxyMode {
     /// The mode of this name, with default settings (`""` is the default mode).
     pub fn named(name: &str) -> Option<ProxyMode> {
-        match name {
-            "" | "nftables" => Some(ProxyMode::Nftables),
-            "ipvs" => Some(ProxyMode::Ipvs(IpvsSettings::default())),
-            _ => None,
+        if name.is_empty() {
+            return Some(ProxyMode::default());
         }
+        <ModeName as clap::ValueEnum>::from_str(name, false)
+            .ok()
+            .map(ModeName::mode)
     }
 }
 
