@@ -57,6 +57,8 @@ bash integration/k8s/build.sh >/dev/null
 
 step "cargo fmt" cargo fmt --check
 step "cargo clippy" cargo clippy --all-targets --quiet -- -D warnings
+# The tests turn on the `testing` and `fuzzing` features; the binary that ships has neither.
+step "cargo clippy (the shipped build)" cargo clippy --quiet -- -D warnings
 # The fuzz crate is a package of its own (it links libFuzzer).
 step "fuzz crate fmt and clippy" bash -c 'cd integration/fuzz && cargo fmt --check &&
   CARGO_TARGET_DIR=/var/cache/kube-nft/fuzz-check cargo clippy --bins --quiet -- -D warnings'

@@ -3,12 +3,19 @@
 //!
 //! The pipeline, one module per stage (docs/DESIGN.md has the map):
 //! `source` (manifests, or the API server's watches) → `core` (the validated
-//! model, endpoint policy, node settings) → a dataplane: `nft` (translate to the
-//! desired `ruleset`, plan against the kernel's view) or `ipvs`, both written
-//! through `netlink` (wire only). `text` renders a ruleset as `nft -f` input.
-//! `proxy` runs one sync; `daemon` runs `kube-nft run` (configured by `config`,
-//! observed through `metrics` and `proxy_health`); `lab` demonstrates it in
-//! network namespaces.
+//! model, endpoint policy, node settings) → `engine` (which Services changed,
+//! full or partial sync) → the dataplanes behind the `dataplane` trait: `nft`
+//! (translate to the desired `ruleset`, plan against the kernel's view) and
+//! `ipvs`, both written through `netlink` (wire only). `assemble` is where a
+//! proxy mode's dataplanes are opened and handed to an engine; `daemon` runs
+//! `kube-nft run` (configured by `config`, observed through `metrics` and
+//! `proxy_health`); `text` renders a ruleset as `nft -f` input; `lab`
+//! demonstrates it in network namespaces; `bench` measures it, over the
+//! `synthetic` cluster the tests use too.
+//!
+//! Features: `testing` (the fake kernels, `nft::fake` and `ipvs::fake`) and
+//! `fuzzing` (the fuzz targets' bodies) are for tests only; the binary that
+//! ships has neither.
 
 pub mod assemble;
 pub mod bench;
