@@ -75,7 +75,7 @@ fn metrics(c: &Cluster) -> String {
 fn syncs(c: &Cluster) -> f64 {
     metric(
         &metrics(c),
-        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
     )
     .unwrap()
 }
@@ -257,17 +257,20 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
     // The documented metrics, under kube-proxy's names.
     let m = metrics(&c);
     for name in [
-        "kubeproxy_sync_proxy_rules_duration_seconds_count",
-        "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
-        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
-        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-        "kubeproxy_network_programming_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"}",
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}",
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}",
+        "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}",
         "kubeproxy_sync_proxy_rules_service_changes_total",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "kubeproxy_sync_proxy_rules_service_changes_pending",
         "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
-        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"}",
+        "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}",
+        "kubeproxy_proxy_healthz_total{code=\"200\"}",
         "kubenft_transaction_bytes_count",
     ] {
         assert!(metric(&m, name).is_some(), "no {name} in:\n{m}");
@@ -275,7 +278,7 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
     assert!(
         metric(
             &m,
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count"
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}"
         )
         .unwrap()
             >= 4.0
@@ -284,16 +287,23 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
     assert!(metric(&m, "kubenft_transaction_bytes_sum").unwrap() > 0.0);
     // Only the annotated slice has a trigger time: one observation of about 2 s.
     assert_eq!(
-        metric(&m, "kubeproxy_network_programming_duration_seconds_count"),
+        metric(
+            &m,
+            "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}"
+        ),
         Some(1.0)
     );
-    let latency = metric(&m, "kubeproxy_network_programming_duration_seconds_sum").unwrap();
+    let latency = metric(
+        &m,
+        "kubeproxy_network_programming_duration_seconds_sum{ip_family=\"IPv4\"}",
+    )
+    .unwrap();
     assert!((2.0..10.0).contains(&latency), "{latency}");
     // web-np (externalTrafficPolicy: Local) is gone; the lb Service is Cluster.
     assert_eq!(
         metric(
             &m,
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}"
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"}"
         ),
         Some(0.0)
     );

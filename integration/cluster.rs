@@ -208,6 +208,47 @@ fn with_a_real_control_plane_a_local_node_port_and_its_health_check_serve_from_o
     );
     assert!(body.contains("\"localEndpoints\": 2"), "{body}");
 
+    // What kube-proxy serves on its metrics port, for the probes and scripts
+    // pointed at it (the e2e test "should check kube-proxy urls" reads /proxyMode).
+    let metrics_port = |path| http_status(c.node(), "127.0.0.1:10249", path);
+    assert_eq!(metrics_port("/proxyMode"), Some((200, "nftables".into())));
+    assert_eq!(metrics_port("/healthz"), Some((200, "ok".into())));
+    let (_, configz) = metrics_port("/configz").expect("/configz");
+    let configz: serde_json::Value = serde_json::from_str(&configz).expect("/configz is JSON");
+    let config = &configz["kubeproxy.config.k8s.io"];
+    assert_eq!(config["kind"], "KubeProxyConfiguration", "{configz}");
+    assert_eq!(config["mode"], "nftables", "{configz}");
+    assert_eq!(config["hostnameOverride"], "node-a", "{configz}");
+    assert_eq!(config["nftables"]["syncPeriod"], "30s", "{configz}");
+    let (_, flagz) = metrics_port("/flagz").expect("/flagz");
+    assert!(flagz.contains("\nhostname-override=node-a\n"), "{flagz}");
+    let (_, statusz) = metrics_port("/statusz").expect("/statusz");
+    assert!(
+        statusz.contains("Paths: /configz /flagz /healthz /metrics /proxyMode"),
+        "{statusz}"
+    );
+
+    // The node drains (KEP-3836): tainted for deletion by the cluster
+    // autoscaler, /healthz says 503 so that load balancers stop sending here
+    // before the node goes; the proxy itself is live; the taint gone, 200.
+    let proxy_health = |path| http_status(c.node(), "127.0.0.1:10256", path);
+    assert_eq!(proxy_health("/healthz").map(|(code, _)| code), Some(200));
+    let taint = "ToBeDeletedByClusterAutoscaler=1764000000:NoSchedule";
+    cp.kubectl(&["taint", "node", "node-a", taint]);
+    wait_until(
+        Duration::from_secs(10),
+        "/healthz to fail on a draining node",
+        || {
+            proxy_health("/healthz")
+                .is_some_and(|(code, body)| code == 503 && body.contains("\"nodeEligible\":false"))
+        },
+    );
+    assert_eq!(proxy_health("/livez").map(|(code, _)| code), Some(200));
+    cp.kubectl(&["taint", "node", "node-a", "ToBeDeletedByClusterAutoscaler-"]);
+    wait_until(Duration::from_secs(10), "/healthz to pass again", || {
+        proxy_health("/healthz").is_some_and(|(code, _)| code == 200)
+    });
+
     cp.kubectl(&[
         "delete",
         "pod",

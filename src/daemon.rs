@@ -16,11 +16,11 @@ use crate::core::node_config::{NodeConfig, NodePortAddresses};
 use crate::dataplane::SyncKind;
 use crate::engine::{Engine, SyncReport};
 use crate::healthcheck::{self, HealthServers};
-use crate::http::Response;
 use crate::metrics::Metrics;
+use crate::metrics_server::MetricsServer;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
-use crate::proxy_health::ProxyHealth;
+use crate::proxy_health::{node_eligible, ProxyHealth};
 use crate::ruleset::TableId;
 use crate::source::files::{self, ManifestStore};
 use crate::source::store::ClusterStore;
@@ -118,26 +118,27 @@ impl NodeSettings {
 
 /// Starts the healthz and metrics servers; a port that cannot be bound is
 /// logged and tried again until it can be, as kube-proxy does by default.
-fn start_servers(settings: &Settings, health: &Arc<ProxyHealth>, metrics: &Arc<Metrics>) {
+fn start_servers(
+    settings: &Settings,
+    flags: &[(String, String)],
+    health: &Arc<ProxyHealth>,
+    metrics: &Arc<Metrics>,
+) {
     if let Some(addr) = settings.healthz_bind_address {
-        let h = health.clone();
+        let (h, m) = (health.clone(), metrics.clone());
         crate::http::serve_when_free("healthz (/healthz, /livez)", addr, move |path| {
-            h.respond(path)
+            let answer = h.respond(path);
+            m.health_answered(path, answer.status);
+            answer
         });
     }
     if let Some(addr) = settings.metrics_bind_address {
-        let m = metrics.clone();
-        let h = health.clone();
-        crate::http::serve_when_free("metrics (/metrics)", addr, move |path| match path {
-            "/metrics" => Response {
-                status: 200,
-                content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                body: m.render(),
-            },
-            // kube-proxy serves its health on the metrics port too.
-            "/healthz" | "/livez" => h.respond(path),
-            _ => Response::not_found(),
-        });
+        let server = MetricsServer::new(settings, flags, metrics.clone());
+        crate::http::serve_when_free(
+            "metrics (/metrics, /healthz, /proxyMode, /configz, /flagz, /statusz)",
+            addr,
+            move |path| server.respond(path),
+        );
     }
 }
 
@@ -261,7 +262,8 @@ fn set_oom_score_adj(adj: i32) {
     }
 }
 
-pub fn run(settings: Settings, once: bool) -> Result<(), String> {
+/// `kube-nft run`. `flags`: every flag of `run` with its value, for `/flagz`.
+pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result<(), String> {
     settings.node.validate().map_err(|e| e.to_string())?;
     if let Some(adj) = settings.oom_score_adj {
         set_oom_score_adj(adj);
@@ -277,6 +279,8 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
     health.queued();
+    metrics.queued(SystemTime::now());
+    let from_api = matches!(settings.source, Source::Api(_));
 
     let (tx, rx) = mpsc::channel::<Event>();
     let mut manifests = None;
@@ -308,7 +312,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     watch_signals(tx.clone())?;
     if !once {
         watch_drift(tx.clone());
-        start_servers(&settings, &health, &metrics);
+        start_servers(&settings, flags, &health, &metrics);
     }
     drop(tx);
 
@@ -325,6 +329,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
     // Said once per different reason: NodePorts with no address to serve them on.
     let mut unserved: Option<String> = None;
     loop {
+        health.set_node_eligible(node_eligible(store.state().node.as_ref(), from_api));
         let ready = store.synced() && manifests.as_ref().is_none_or(ManifestStore::ready);
         if ready && !was_ready {
             tracing::info!(
@@ -366,7 +371,7 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
                     health.updated();
                     metrics.sync_succeeded(&r, store.state(), done);
                     metrics.programmed(&programmed_triggers(&mut store, &r), done);
-                    clean_flows(&mut flows, store.state(), &engine, &r);
+                    clean_flows(&mut flows, store.state(), &engine, &r, &metrics);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -428,12 +433,13 @@ pub fn run(settings: Settings, once: bool) -> Result<(), String> {
         }
         if engine.pending() {
             health.queued();
+            metrics.queued(SystemTime::now());
         }
     }
 }
 
-/// The trigger times of the changes a sync programmed.
-fn programmed_triggers(store: &mut ClusterStore, r: &SyncReport) -> Vec<SystemTime> {
+/// The trigger times of the changes a sync programmed, with their family.
+fn programmed_triggers(store: &mut ClusterStore, r: &SyncReport) -> Vec<(Family, SystemTime)> {
     match r.kind {
         SyncKind::Full => store.take_all_triggers(),
         SyncKind::Partial => store.take_triggers(&r.recomputed),
@@ -445,10 +451,16 @@ fn clean_flows(
     state: &ClusterState,
     engine: &Engine,
     sync: &SyncReport,
+    metrics: &Metrics,
 ) {
     match cleaner.after_sync(state, engine.config(), sync) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!("deleted {n} stale UDP conntrack entries"),
+        Ok(None) => {}
+        Ok(Some(cleaned)) => {
+            metrics.conntrack_reconciled(cleaned.took, &cleaned.deleted);
+            if cleaned.total() > 0 {
+                tracing::info!("deleted {} stale UDP conntrack entries", cleaned.total());
+            }
+        }
         Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),
     }
 }

@@ -31,7 +31,7 @@ impl Response {
     pub fn not_found() -> Response {
         Response {
             status: 404,
-            content_type: "text/plain",
+            content_type: "text/plain; charset=utf-8",
             body: "404 page not found\n".into(),
         }
     }
@@ -45,7 +45,7 @@ impl Response {
         };
         write!(
             conn,
-            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+            "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
             self.status,
             self.content_type,
             self.body.len(),

@@ -32,6 +32,7 @@ pub mod http;
 pub mod ipvs;
 pub mod lab;
 pub mod metrics;
+pub mod metrics_server;
 pub mod netlink;
 pub mod netns;
 pub mod nft;

@@ -1,6 +1,6 @@
 //! The `kube-nft` command line.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use ipnet::IpNet;
 use kube_nft::core::node_config::{
     ModeName, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
@@ -380,14 +380,43 @@ fn init_logging(logging: Option<&LoggingArgs>) {
     }
 }
 
+/// Every flag of `run` with its value as given, its default, or empty: what
+/// `/flagz` lists, as kube-proxy's lists its own.
+fn flag_values(matches: &ArgMatches) -> Vec<(String, String)> {
+    let Some(run) = matches.subcommand_matches("run") else {
+        return Vec::new();
+    };
+    let command = Cli::command();
+    let Some(run_command) = command.find_subcommand("run") else {
+        return Vec::new();
+    };
+    run_command
+        .get_arguments()
+        .filter_map(|arg| {
+            let name = arg.get_long()?;
+            let value = run
+                .get_raw(arg.get_id().as_str())
+                .map(|values| {
+                    values
+                        .map(|v| v.to_string_lossy().into_owned())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            Some((name.to_string(), value))
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging(match &cli.command {
         Command::Run(args) => Some(&args.logging),
         _ => None,
     });
     let result: Result<bool, String> = match cli.command {
-        Command::Run(args) => run(&args),
+        Command::Run(args) => run(&args, &flag_values(&matches)),
         Command::Render { proxy } => {
             proxy
                 .config_here()
@@ -449,7 +478,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &RunArgs) -> Result<bool, String> {
+fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String> {
     if args.kube_proxy.version {
         println!("kube-nft {}", env!("CARGO_PKG_VERSION"));
         return Ok(true);
@@ -463,7 +492,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         return cleanup();
     }
     let settings = config::resolve(&flags)?;
-    daemon::run(settings, args.once).map(|_| true)
+    daemon::run(settings, flags_given, args.once).map(|_| true)
 }
 
 fn cleanup() -> Result<bool, String> {

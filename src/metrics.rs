@@ -1,7 +1,12 @@
-//! Prometheus metrics, with kube-proxy's names where the meaning is the same (so
-//! existing dashboards and alerts keep working) and `kubenft_` for our own.
+//! Prometheus metrics, with kube-proxy's names, labels and buckets where the
+//! meaning is the same (so existing dashboards and alerts keep working) and
+//! `kubenft_` for our own. kube-proxy runs one proxier per IP family and labels
+//! its series `ip_family`; every sync of ours programs both families in one
+//! transaction, so a sync's figures are given for both.
 
 use crate::core::model::{ClusterState, Rejected};
+use crate::core::net::Family as IpFamily;
+use crate::core::policy::{categorize, port_endpoints};
 use crate::dataplane::SyncKind;
 use crate::engine::SyncReport;
 use crate::netlink::monitor::Change;
@@ -33,19 +38,27 @@ pub fn peak_rss_kib_of(pid: &str) -> u64 {
         .unwrap_or(0)
 }
 
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+type Timestamps = Family<Labels, Gauge<f64, AtomicU64>>;
+
 pub struct Metrics {
     registry: Registry,
-    sync_duration: Histogram,
-    full_sync_duration: Histogram,
-    partial_sync_duration: Histogram,
-    last_sync: Gauge<f64, AtomicU64>,
-    programming_latency: Histogram,
+    sync_duration: Histograms,
+    full_sync_duration: Histograms,
+    partial_sync_duration: Histograms,
+    last_sync: Timestamps,
+    last_queued: Timestamps,
+    programming_latency: Histograms,
     service_changes: Counter,
     endpoint_changes: Counter,
     service_changes_pending: Gauge,
     endpoint_changes_pending: Gauge,
     no_local_endpoints: Family<Labels, Gauge>,
-    sync_failures: Counter,
+    sync_failures: Family<Labels, Counter>,
+    healthz: Family<Labels, Counter>,
+    livez: Family<Labels, Counter>,
+    conntrack_duration: Histograms,
+    conntrack_deleted: Family<Labels, Counter>,
     transaction_bytes: Histogram,
     rejected: Family<Labels, Counter>,
     manifest_errors: Counter,
@@ -53,9 +66,34 @@ pub struct Metrics {
     drift_repairs: Family<Labels, Counter>,
 }
 
+/// kube-proxy's sync buckets: 1 ms doubling to ~16 s.
 fn sync_buckets() -> Histogram {
-    // kube-proxy's: 1 ms doubling to ~16 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// kube-proxy's network programming buckets: 0 (its bucket merge starts with
+/// one), 0.25 s, 0.5 s, then 1 s steps to a minute, 5 s steps to two, 30 s
+/// steps to five.
+fn programming_buckets() -> Histogram {
+    Histogram::new(
+        std::iter::once(0.0)
+            .chain(linear_buckets(0.25, 0.25, 2))
+            .chain(linear_buckets(1.0, 1.0, 59))
+            .chain(linear_buckets(60.0, 5.0, 12))
+            .chain(linear_buckets(120.0, 30.0, 7)),
+    )
+}
+
+/// The `ip_family` label, as kube-proxy writes it.
+fn ip_family(f: IpFamily) -> Labels {
+    vec![(
+        "ip_family",
+        match f {
+            IpFamily::Ip => "IPv4",
+            IpFamily::Ip6 => "IPv6",
+        }
+        .into(),
+    )]
 }
 
 impl Default for Metrics {
@@ -66,27 +104,25 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        // kube-proxy's network programming buckets: 0.25 s, 0.5 s, then 1 s steps to
-        // a minute, 5 s steps to two, 30 s steps to five.
-        let programming = Histogram::new(
-            linear_buckets(0.25, 0.25, 2)
-                .chain(linear_buckets(1.0, 1.0, 59))
-                .chain(linear_buckets(60.0, 5.0, 12))
-                .chain(linear_buckets(120.0, 30.0, 7)),
-        );
+        let histograms = |buckets: fn() -> Histogram| Histograms::new_with_constructor(buckets);
         let m = Metrics {
             registry: Registry::default(),
-            sync_duration: sync_buckets(),
-            full_sync_duration: sync_buckets(),
-            partial_sync_duration: sync_buckets(),
-            last_sync: Gauge::default(),
-            programming_latency: programming,
+            sync_duration: histograms(sync_buckets),
+            full_sync_duration: histograms(sync_buckets),
+            partial_sync_duration: histograms(sync_buckets),
+            last_sync: Family::default(),
+            last_queued: Family::default(),
+            programming_latency: histograms(programming_buckets),
             service_changes: Counter::default(),
             endpoint_changes: Counter::default(),
             service_changes_pending: Gauge::default(),
             endpoint_changes_pending: Gauge::default(),
             no_local_endpoints: Family::default(),
-            sync_failures: Counter::default(),
+            sync_failures: Family::default(),
+            healthz: Family::default(),
+            livez: Family::default(),
+            conntrack_duration: histograms(sync_buckets),
+            conntrack_deleted: Family::default(),
             // 1 KiB to 1 GiB, by fours.
             transaction_bytes: Histogram::new(exponential_buckets(1024.0, 4.0, 11)),
             rejected: Family::default(),
@@ -97,63 +133,89 @@ impl Metrics {
         m.register()
     }
 
+    /// kube-proxy's help texts, word for word. The client appends `_total` to
+    /// counters' names.
     fn register(mut self) -> Metrics {
         let r = &mut self.registry;
         r.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
-            "Time of one sync of the proxy rules (full or partial)",
+            "SyncProxyRules latency in seconds",
             self.sync_duration.clone(),
         );
         r.register(
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
-            "Time of one full sync (the whole table read back and diffed)",
+            "SyncProxyRules latency in seconds for full resyncs",
             self.full_sync_duration.clone(),
         );
         r.register(
             "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-            "Time of one partial sync (only the Services that changed)",
+            "SyncProxyRules latency in seconds for partial resyncs",
             self.partial_sync_duration.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "When the proxy rules were last synced successfully (Unix time)",
+            "The last time proxy rules were successfully synced",
             self.last_sync.clone(),
         );
         r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+            self.last_queued.clone(),
+        );
+        r.register(
             "kubeproxy_network_programming_duration_seconds",
-            "From an EndpointSlice's last-change-trigger-time to its rules being programmed",
+            "In Cluster Network Programming Latency in seconds",
             self.programming_latency.clone(),
         );
-        // The client appends `_total` to counters.
         r.register(
             "kubeproxy_sync_proxy_rules_service_changes",
-            "Service changes seen",
+            "Cumulative proxy rules Service changes",
             self.service_changes.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_endpoint_changes",
-            "EndpointSlice changes seen",
+            "Cumulative proxy rules Endpoint changes",
             self.endpoint_changes.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_service_changes_pending",
-            "Service changes not yet programmed",
+            "Pending proxy rules Service changes",
             self.service_changes_pending.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-            "EndpointSlice changes not yet programmed",
+            "Pending proxy rules Endpoint changes",
             self.endpoint_changes_pending.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            "Service ports with a Local traffic policy and no endpoint on this node",
+            "Number of services with a Local traffic policy and no endpoints",
             self.no_local_endpoints.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_nftables_sync_failures",
-            "Syncs whose transaction failed (the previous rules stayed in place)",
+            "Cumulative proxy nftables sync failures",
             self.sync_failures.clone(),
+        );
+        r.register(
+            "kubeproxy_proxy_healthz",
+            "Cumulative proxy healthz HTTP status",
+            self.healthz.clone(),
+        );
+        r.register(
+            "kubeproxy_proxy_livez",
+            "Cumulative proxy livez HTTP status",
+            self.livez.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            self.conntrack_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_conntrack_reconciler_deleted_entries",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            self.conntrack_deleted.clone(),
         );
         r.register(
             "kubenft_transaction_bytes",
@@ -180,6 +242,10 @@ impl Metrics {
             "Full syncs started because our tables may have changed outside kube-nft: another process's transaction touched them, or change notifications were lost (the socket overflowed)",
             self.drift_repairs.clone(),
         );
+        // At 0 from the start, so that a rate over them needs no first failure.
+        for f in IpFamily::ALL {
+            drop(self.sync_failures.get_or_create(&ip_family(f)));
+        }
         self
     }
 
@@ -208,36 +274,84 @@ impl Metrics {
 
     pub fn sync_succeeded(&self, report: &SyncReport, state: &ClusterState, now: SystemTime) {
         let secs = report.duration.as_secs_f64();
-        self.sync_duration.observe(secs);
-        match report.kind {
-            SyncKind::Full => self.full_sync_duration.observe(secs),
-            SyncKind::Partial => self.partial_sync_duration.observe(secs),
-        }
         let unix = now
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
-        self.last_sync.set(unix.as_secs_f64());
+        for f in IpFamily::ALL {
+            let family = ip_family(f);
+            self.sync_duration.get_or_create(&family).observe(secs);
+            match report.kind {
+                SyncKind::Full => &self.full_sync_duration,
+                SyncKind::Partial => &self.partial_sync_duration,
+            }
+            .get_or_create(&family)
+            .observe(secs);
+            self.last_sync
+                .get_or_create(&family)
+                .set(unix.as_secs_f64());
+            let (internal, external) = no_local_endpoints(state, f);
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                let mut labels = vec![("traffic_policy", policy.to_string())];
+                labels.extend(family.clone());
+                self.no_local_endpoints.get_or_create(&labels).set(n as i64);
+            }
+        }
         self.service_changes_pending.set(0);
         self.endpoint_changes_pending.set(0);
         if report.committed.bytes > 0 {
             self.transaction_bytes
                 .observe(report.committed.bytes as f64);
         }
-        let (internal, external) = no_local_endpoints(state);
-        self.no_local_endpoints
-            .get_or_create(&vec![("traffic_policy", "internal".into())])
-            .set(internal as i64);
-        self.no_local_endpoints
-            .get_or_create(&vec![("traffic_policy", "external".into())])
-            .set(external as i64);
     }
 
-    /// Network programming latency of changes triggered at `triggers`, programmed `now`.
-    pub fn programmed(&self, triggers: &[SystemTime], now: SystemTime) {
-        for t in triggers {
-            let latency = now.duration_since(*t).unwrap_or(Duration::ZERO);
-            self.programming_latency.observe(latency.as_secs_f64());
+    /// A change arrived that the next sync must program.
+    pub fn queued(&self, now: SystemTime) {
+        let unix = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        for f in IpFamily::ALL {
+            self.last_queued
+                .get_or_create(&ip_family(f))
+                .set(unix.as_secs_f64());
         }
+    }
+
+    /// Network programming latency of EndpointSlice changes of each family
+    /// triggered at the times given, programmed `now`.
+    pub fn programmed(&self, triggers: &[(IpFamily, SystemTime)], now: SystemTime) {
+        for (f, t) in triggers {
+            let latency = now.duration_since(*t).unwrap_or(Duration::ZERO);
+            self.programming_latency
+                .get_or_create(&ip_family(*f))
+                .observe(latency.as_secs_f64());
+        }
+    }
+
+    /// A run of the stale UDP flow cleanup: how long it took, and the flows it
+    /// deleted in each family.
+    pub fn conntrack_reconciled(&self, took: Duration, deleted: &[(IpFamily, usize)]) {
+        for f in IpFamily::ALL {
+            self.conntrack_duration
+                .get_or_create(&ip_family(f))
+                .observe(took.as_secs_f64());
+        }
+        for (f, n) in deleted {
+            self.conntrack_deleted
+                .get_or_create(&ip_family(*f))
+                .inc_by(*n as u64);
+        }
+    }
+
+    /// An answer of the health server: `/healthz` or `/livez`, with its status.
+    pub fn health_answered(&self, path: &str, status: u16) {
+        let counter = match path {
+            "/healthz" => &self.healthz,
+            "/livez" => &self.livez,
+            _ => return,
+        };
+        counter
+            .get_or_create(&vec![("code", status.to_string())])
+            .inc();
     }
 
     /// A full sync requested because of drift, by cause.
@@ -252,7 +366,9 @@ impl Metrics {
     }
 
     pub fn sync_failed(&self) {
-        self.sync_failures.inc();
+        for f in IpFamily::ALL {
+            self.sync_failures.get_or_create(&ip_family(f)).inc();
+        }
     }
 
     /// The Prometheus text exposition.
@@ -282,26 +398,22 @@ fn reason_of(r: &Rejected) -> String {
     out
 }
 
-/// Service ports whose internal or external traffic policy is Local and which
-/// have no ready endpoint on this node.
-fn no_local_endpoints(state: &ClusterState) -> (usize, usize) {
+/// Service ports of one family whose traffic policy is Local and which have
+/// endpoints, but none on this node (kube-proxy's count: the traffic that
+/// policy covers is dropped here, not rejected), by policy.
+fn no_local_endpoints(state: &ClusterState, family: IpFamily) -> (usize, usize) {
     let node = state.node.as_ref();
     let (mut internal, mut external) = (0, 0);
-    for svc in state.services.values().filter(|s| s.uses_local_endpoints()) {
+    let local_policy = state.services.values().filter(|s| s.uses_local_endpoints());
+    for svc in local_policy.filter(|s| s.cluster_ip_of(family).is_some()) {
         for port in &svc.ports {
-            let local = state
-                .endpoints_for(svc, port)
-                .iter()
-                .any(|e| e.conditions.ready && e.is_on(node));
-            if local {
+            let eps = port_endpoints(state, svc, port, family);
+            let chosen = categorize(svc, &eps, node);
+            if !chosen.has_any || !chosen.local.is_empty() {
                 continue;
             }
-            if svc.internal_policy_local {
-                internal += 1;
-            }
-            if svc.external_policy_local && svc.externally_accessible() {
-                external += 1;
-            }
+            internal += usize::from(svc.internal_policy_local);
+            external += usize::from(svc.external_policy_local);
         }
     }
     (internal, external)
@@ -326,5 +438,61 @@ mod tests {
         assert!(text.contains(
             "kubenft_rejected_objects_total{kind=\"Service\",reason=\"spec.ports.port\"} 1\n"
         ));
+    }
+
+    /// Every kube-proxy metric that applies, under its name and with its
+    /// labels, once a sync, a queued change, a health answer and a conntrack
+    /// cleanup have happened.
+    #[test]
+    fn kube_proxy_names_carry_its_labels() {
+        use crate::synthetic::{node_config, state};
+        let m = Metrics::new();
+        let mut st = state(3, 6);
+        // Service 1: externalTrafficPolicy Local on a NodePort, its endpoints on other nodes.
+        let svc = st
+            .services
+            .get_mut(&crate::synthetic::service_key(1))
+            .unwrap();
+        svc.ports[0].node_port = Some(30001);
+        svc.external_policy_local = true;
+        let _ = node_config();
+        let report = SyncReport {
+            kind: SyncKind::Full,
+            services: 3,
+            recomputed: Vec::new(),
+            committed: Default::default(),
+            written: Vec::new(),
+            duration: Duration::from_millis(3),
+        };
+        let now = SystemTime::now();
+        m.queued(now);
+        m.sync_succeeded(&report, &st, now);
+        m.programmed(&[(IpFamily::Ip, now - Duration::from_secs(2))], now);
+        m.conntrack_reconciled(
+            Duration::from_millis(1),
+            &[(IpFamily::Ip, 2), (IpFamily::Ip6, 0)],
+        );
+        m.health_answered("/healthz", 503);
+        m.health_answered("/livez", 200);
+        let text = m.render();
+        for sample in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"}",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}",
+            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.0\",ip_family=\"IPv4\"} 0",
+            "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\",ip_family=\"IPv4\"} 0",
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\",ip_family=\"IPv6\"} 0",
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"} 0",
+            "kubeproxy_proxy_healthz_total{code=\"503\"} 1",
+            "kubeproxy_proxy_livez_total{code=\"200\"} 1",
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family=\"IPv6\"} 1",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 2",
+        ] {
+            assert!(text.contains(sample), "no {sample} in\n{text}");
+        }
     }
 }

@@ -1,8 +1,10 @@
 //! kube-proxy's own health endpoint (`--healthz-bind-address`, `/healthz` and
 //! `/livez`): healthy once the first sync is in, and while no change has waited
 //! longer than the timeout (kube-proxy's: twice the sync period) to be programmed.
-//! The JSON body has kube-proxy's fields.
+//! `/healthz` also fails while the node is being deleted. The JSON body has
+//! kube-proxy's fields.
 
+use crate::core::model::NodeInfo;
 use crate::http::Response;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
@@ -12,10 +14,11 @@ pub struct ProxyHealth {
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     last_updated: Option<SystemTime>,
     oldest_pending: Option<Instant>,
+    /// Whether load balancers may send this node traffic (see `node_eligible`).
+    node_eligible: bool,
 }
 
 fn rfc3339(t: SystemTime) -> String {
@@ -24,11 +27,28 @@ fn rfc3339(t: SystemTime) -> String {
         .unwrap_or_default()
 }
 
+/// kube-proxy's `NodeEligible`: a node whose Node object is being deleted, or
+/// carries the cluster autoscaler's `ToBeDeletedByClusterAutoscaler` taint, is
+/// not, so that `/healthz` fails and cloud load balancers drain it before it
+/// goes (KEP-3836). With the API server as the source, a node without a Node
+/// object is not either (kube-proxy's node is nil); with manifests, whose Node
+/// object is optional, it is.
+pub fn node_eligible(node: Option<&NodeInfo>, from_api: bool) -> bool {
+    match node {
+        Some(n) if n.from_object => !n.leaving,
+        _ => !from_api,
+    }
+}
+
 impl ProxyHealth {
     pub fn new(timeout: Duration) -> ProxyHealth {
         ProxyHealth {
             timeout,
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                last_updated: None,
+                oldest_pending: None,
+                node_eligible: true,
+            }),
         }
     }
 
@@ -45,25 +65,57 @@ impl ProxyHealth {
         s.oldest_pending = None;
     }
 
+    pub fn set_node_eligible(&self, eligible: bool) {
+        let mut s = self.state.lock().unwrap();
+        if s.node_eligible != eligible {
+            if eligible {
+                tracing::info!(
+                    "this node is eligible for load balancer traffic again: /healthz answers 200"
+                );
+            } else {
+                tracing::warn!("this node is being deleted (or has no Node object): /healthz answers 503, so that load balancers drain it");
+            }
+            s.node_eligible = eligible;
+        }
+    }
+
     pub fn healthy(&self) -> bool {
         let s = self.state.lock().unwrap();
         s.last_updated.is_some() && s.oldest_pending.is_none_or(|t| t.elapsed() <= self.timeout)
     }
 
-    /// The answer to `/healthz` and `/livez` (anything else: 404).
+    /// The answer to `/healthz` and `/livez` (anything else: 404), in
+    /// kube-proxy's form. `/livez` says whether the proxy is healthy; `/healthz`
+    /// also whether the node is eligible, and says so in `nodeEligible`.
     pub fn respond(&self, path: &str) -> Response {
-        if path != "/healthz" && path != "/livez" {
-            return Response::not_found();
-        }
+        let with_node = match path {
+            "/healthz" => true,
+            "/livez" => false,
+            _ => return Response::not_found(),
+        };
         let healthy = self.healthy();
-        let last = self.state.lock().unwrap().last_updated;
-        let body = serde_json::json!({
-            "lastUpdated": last.map(rfc3339).unwrap_or_default(),
-            "currentTime": rfc3339(SystemTime::now()),
-            "nodeEligible": true,
+        let (last, eligible) = {
+            let s = self.state.lock().unwrap();
+            (s.last_updated, s.node_eligible)
+        };
+        let ok = healthy && (eligible || !with_node);
+        let now = SystemTime::now();
+        // As kube-proxy: a healthy answer's lastUpdated is now.
+        let last_updated = if ok { Some(now) } else { last };
+        let stamp = |t: Option<SystemTime>| t.map(rfc3339).unwrap_or_default();
+        // Both families are programmed by every sync.
+        let family = serde_json::json!({"lastUpdated": stamp(last), "healthy": healthy});
+        let mut body = serde_json::json!({
+            "lastUpdated": stamp(last_updated),
+            "currentTime": rfc3339(now),
+            "healthy": healthy,
+            "status": {"IPv4": family.clone(), "IPv6": family},
         });
+        if with_node {
+            body["nodeEligible"] = eligible.into();
+        }
         Response {
-            status: if healthy { 200 } else { 503 },
+            status: if ok { 200 } else { 503 },
             content_type: "application/json",
             body: body.to_string(),
         }
@@ -87,5 +139,38 @@ mod tests {
         h.updated();
         assert_eq!(h.respond("/healthz").status, 200);
         assert_eq!(h.respond("/other").status, 404);
+    }
+
+    #[test]
+    fn a_node_being_deleted_fails_healthz_but_not_livez() {
+        let h = ProxyHealth::new(Duration::from_secs(60));
+        h.updated();
+        let node = |leaving| NodeInfo {
+            name: "n1".into(),
+            from_object: true,
+            leaving,
+            ..NodeInfo::default()
+        };
+        h.set_node_eligible(node_eligible(Some(&node(true)), true));
+        let healthz = h.respond("/healthz");
+        assert_eq!(healthz.status, 503);
+        let body: serde_json::Value = serde_json::from_str(&healthz.body).unwrap();
+        assert_eq!(body["nodeEligible"], false);
+        assert_eq!(body["healthy"], true);
+        assert_eq!(body["status"]["IPv4"]["healthy"], true);
+        let livez = h.respond("/livez");
+        assert_eq!(livez.status, 200);
+        let body: serde_json::Value = serde_json::from_str(&livez.body).unwrap();
+        assert!(body.get("nodeEligible").is_none(), "{body}");
+        h.set_node_eligible(node_eligible(Some(&node(false)), true));
+        assert_eq!(h.respond("/healthz").status, 200);
+        // Without a Node object: not eligible from the API server, eligible from manifests.
+        let by_name = NodeInfo {
+            name: "n1".into(),
+            ..NodeInfo::default()
+        };
+        assert!(!node_eligible(Some(&by_name), true));
+        assert!(!node_eligible(None, true));
+        assert!(node_eligible(Some(&by_name), false));
     }
 }

@@ -18,6 +18,7 @@ use crate::engine::SyncReport;
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 type Addr = (IpAddr, u16);
 type Destinations = BTreeMap<Addr, BTreeSet<Addr>>;
@@ -85,23 +86,43 @@ pub struct StaleFlowCleaner {
     last: HashMap<ServiceKey, Destinations>,
 }
 
+/// What one run of the cleanup did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleaned {
+    pub took: Duration,
+    /// Flows deleted, per family.
+    pub deleted: Vec<(Family, usize)>,
+}
+
+impl Cleaned {
+    pub fn total(&self) -> usize {
+        self.deleted.iter().map(|(_, n)| n).sum()
+    }
+}
+
 impl StaleFlowCleaner {
-    /// Returns how many flows were deleted.
+    /// What the cleanup did; `None` if no UDP destination changed, so conntrack
+    /// was not read.
     pub fn after_sync(
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
         sync: &SyncReport,
-    ) -> Result<usize, ConntrackError> {
+    ) -> Result<Option<Cleaned>, ConntrackError> {
+        let start = Instant::now();
         let (check, updates) = self.changes(state, config, sync);
         if check.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
         let mut sock = ConntrackSocket::open()?;
         let flows = sock.flows(Protocol::Udp.number())?;
         let stale = stale(&flows, &check);
+        let mut deleted: Vec<(Family, usize)> = Family::ALL.iter().map(|f| (*f, 0)).collect();
         for f in &stale {
             sock.delete(f)?;
+            for (family, n) in deleted.iter_mut() {
+                *n += usize::from(Family::of(&f.original.dst) == *family);
+            }
         }
         for (key, now) in updates {
             if now.is_empty() {
@@ -110,7 +131,10 @@ impl StaleFlowCleaner {
                 self.last.insert(key, now);
             }
         }
-        Ok(stale.len())
+        Ok(Some(Cleaned {
+            took: start.elapsed(),
+            deleted,
+        }))
     }
 
     /// The destinations to check (with what each may reach now) and each changed

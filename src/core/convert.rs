@@ -542,6 +542,13 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
             .and_then(|l| l.get(ZONE_LABEL))
             .cloned(),
         primary_ips,
+        from_object: true,
+        leaving: node.metadata.deletion_timestamp.is_some()
+            || spec
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == TO_BE_DELETED_TAINT),
     })
 }
 
@@ -659,6 +666,25 @@ spec:
   - {name: http, port: 80, targetPort: http-alt}
   - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
 "#;
+
+    #[test]
+    fn a_node_being_deleted_or_tainted_for_deletion_is_leaving() {
+        let node = |extra: &str| -> core::Node {
+            serde_saphyr::from_str(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: n1{extra}}}\nspec: {{taints: [{{key: other, effect: NoSchedule}}]}}\n"
+            ))
+            .unwrap()
+        };
+        let staying = convert_node(&node("")).unwrap();
+        assert!(staying.from_object && !staying.leaving);
+        let deleted = convert_node(&node(", deletionTimestamp: '2026-11-25T10:00:00Z'")).unwrap();
+        assert!(deleted.leaving);
+        let tainted: core::Node = serde_saphyr::from_str(
+            "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {taints: [{key: ToBeDeletedByClusterAutoscaler, value: '1764000000', effect: NoSchedule}]}\n",
+        )
+        .unwrap();
+        assert!(convert_node(&tainted).unwrap().leaving);
+    }
 
     #[test]
     fn service_with_named_and_numeric_target_ports_is_valid() {

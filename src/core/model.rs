@@ -229,7 +229,15 @@ pub struct NodeInfo {
     pub primary_ips: Vec<IpAddr>,
     /// `spec.podCIDRs`: this node's pods, for `detectLocalMode: NodeCIDR`.
     pub pod_cidrs: Vec<IpNet>,
+    /// Known from its Node object, not only by name.
+    pub from_object: bool,
+    /// The Node is going away: it has a deletion timestamp, or the cluster
+    /// autoscaler's `ToBeDeletedByClusterAutoscaler` taint (KEP-3836).
+    pub leaving: bool,
 }
+
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// The EndpointSlices of one Service, by name. Most Services have one or two,
 /// so a sorted vector: a map would allocate a whole tree node per Service.

@@ -14,6 +14,7 @@ use crate::core::convert::{
     convert_endpoint_slice, convert_node, convert_service, namespace_of, Converted,
 };
 use crate::core::model::{ClusterState, EndpointSlice, NodeInfo, Rejected, Service, ServiceKey};
+use crate::core::net::Family;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -89,8 +90,9 @@ pub struct ClusterStore {
     listed: BTreeSet<Kind>,
     /// The lists under way: what each has brought so far.
     listing: Listing,
-    /// The earliest unprogrammed trigger time of each changed Service.
-    triggers: HashMap<ServiceKey, SystemTime>,
+    /// The earliest unprogrammed trigger time of each changed Service's
+    /// EndpointSlices, per family.
+    triggers: HashMap<(ServiceKey, Family), SystemTime>,
 }
 
 fn object_id(meta: &ObjectMeta) -> (String, String) {
@@ -203,20 +205,29 @@ impl ClusterStore {
             .collect()
     }
 
-    /// Removes and returns the trigger times of these Services (just programmed).
+    /// Removes and returns the trigger times of these Services (just
+    /// programmed), with their EndpointSlices' family.
     pub fn take_triggers<'a>(
         &mut self,
         services: impl IntoIterator<Item = &'a ServiceKey>,
-    ) -> Vec<SystemTime> {
-        services
-            .into_iter()
-            .filter_map(|k| self.triggers.remove(k))
-            .collect()
+    ) -> Vec<(Family, SystemTime)> {
+        let mut out = Vec::new();
+        for key in services {
+            for family in Family::ALL {
+                if let Some(t) = self.triggers.remove(&(key.clone(), family)) {
+                    out.push((family, t));
+                }
+            }
+        }
+        out
     }
 
     /// Removes and returns every trigger time (after a full sync).
-    pub fn take_all_triggers(&mut self) -> Vec<SystemTime> {
-        self.triggers.drain().map(|(_, t)| t).collect()
+    pub fn take_all_triggers(&mut self) -> Vec<(Family, SystemTime)> {
+        self.triggers
+            .drain()
+            .map(|((_, family), t)| (family, t))
+            .collect()
     }
 
     pub fn apply(&mut self, update: Update) -> UpdateOutcome {
@@ -343,6 +354,7 @@ impl ClusterStore {
             _ => return self.remove_slice(&id, out),
         };
         let owner = converted.service.clone();
+        let converted_family = converted.family;
         if self.slice_owners.get(&id).is_some_and(|o| *o != owner) {
             self.remove_slice(&id, out);
         }
@@ -350,7 +362,8 @@ impl ClusterStore {
         if self.set_slice(&owner, &id.1, Some(converted)) {
             out.endpoint_changes += 1;
             if let Some(t) = trigger_time(&slice.metadata) {
-                let earliest = self.triggers.entry(owner).or_insert(t);
+                let family = converted_family;
+                let earliest = self.triggers.entry((owner, family)).or_insert(t);
                 *earliest = (*earliest).min(t);
             }
         }
