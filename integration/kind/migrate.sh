@@ -48,10 +48,18 @@ trap 'docker rm -f "$outside" >/dev/null 2>&1 || true' EXIT
 # namespaced): seconds since boot, to 10 ms.
 now() { cut -d' ' -f1 /proc/uptime; }
 
-# What each client runs: one line per request, "UPTIME ok NAME" or "UPTIME FAILED WHY".
+# What each client runs: one line per request, "UPTIME ok NAME" or "UPTIME
+# FAILED WHY". WHY is wget's message, or "no answer in 2 s" (timeout killed
+# it); a client that asks by name also says whether the name resolves right
+# after, so that a failure tells DNS from the Service path.
 client_loop() {
+  local dns=:
+  case $1 in *//hostnames*)
+    dns='if timeout 2 nslookup hostnames >/dev/null 2>&1; then out="$out; the name resolves after"; else out="$out; the name does not resolve after"; fi' ;;
+  esac
   echo 'while :; do read up _ </proc/uptime
-    if out=$(timeout 2 wget -qO- '"$1"' 2>&1); then echo "$up ok $out"; else echo "$up FAILED $out"; fi
+    if out=$(timeout 2 wget -qO- '"$1"' 2>&1); then echo "$up ok $out"; else
+      [ -n "$out" ] || out="no answer in 2 s"; '"$dns"'; echo "$up FAILED $out"; fi
     usleep 50000; done'
 }
 

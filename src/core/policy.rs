@@ -116,8 +116,7 @@ pub fn categorize<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::model::{Conditions, Hints, ServiceKey, TargetPort};
-    use crate::core::net::Protocol;
+    use crate::core::model::{Conditions, Hints};
     use std::net::{IpAddr, Ipv4Addr};
 
     /// Which traffic policies the Service has.
@@ -361,21 +360,7 @@ mod tests {
     }
 
     fn service(policy: Policy) -> Service {
-        let mut svc = Service {
-            key: ServiceKey {
-                namespace: "default".into(),
-                name: "web".into(),
-            },
-            cluster_ips: vec![IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))],
-            ports: vec![ServicePort {
-                name: "http".into(),
-                protocol: Protocol::Tcp,
-                port: 80,
-                target_port: TargetPort::Number(8080),
-                node_port: None,
-            }],
-            ..Service::default()
-        };
+        let mut svc = crate::synthetic::service(1);
         match policy {
             Policy::Cluster => {}
             Policy::InternalLocal => svc.internal_policy_local = true,

@@ -180,11 +180,13 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         let want = by_key(c.programmed.values());
         let wanted_addresses: BTreeSet<IpAddr> = c.address_refs.keys().copied().collect();
         let mut report = IpvsReport::default();
-        report.addresses += self.bind(c.interface, wanted_addresses.difference(&c.bound))?;
+        report.addresses +=
+            self.set_addresses(c.interface, wanted_addresses.difference(&c.bound), true)?;
         let commands = diff(&have, &want);
         report.commands = commands.len();
         report.bytes = self.kernel.apply(&commands)?;
-        report.addresses += self.unbind(c.interface, c.bound.difference(&wanted_addresses))?;
+        report.addresses +=
+            self.set_addresses(c.interface, c.bound.difference(&wanted_addresses), false)?;
         self.programmed = c.programmed;
         self.address_refs = c.address_refs;
         Ok(report)
@@ -253,7 +255,7 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         };
         let mut report = IpvsReport::default();
         if let Some(i) = interface {
-            report.addresses += self.bind(i, to_bind.iter())?;
+            report.addresses += self.set_addresses(i, to_bind.iter(), true)?;
         }
         let have = by_key(keys.iter().filter_map(|k| self.programmed.get(k)));
         let want = by_key(updates.iter().filter_map(|(_, new)| new.as_ref()));
@@ -261,7 +263,7 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         report.commands = commands.len();
         report.bytes = self.kernel.apply(&commands)?;
         if let Some(i) = interface {
-            report.addresses += self.unbind(i, to_unbind.iter())?;
+            report.addresses += self.set_addresses(i, to_unbind.iter(), false)?;
         }
         for (key, new) in updates {
             match new {
@@ -274,27 +276,21 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
 }
 
 impl<K: IpvsKernel> IpvsDataplane<K> {
-    fn bind<'a>(
+    /// Puts each address on `interface` (`present`) or takes it off; returns
+    /// how many.
+    fn set_addresses<'a>(
         &mut self,
         interface: u32,
         addrs: impl Iterator<Item = &'a IpAddr>,
+        present: bool,
     ) -> Result<usize, RouteError> {
         let mut n = 0;
         for a in addrs {
-            self.kernel.add_address(interface, *a)?;
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    fn unbind<'a>(
-        &mut self,
-        interface: u32,
-        addrs: impl Iterator<Item = &'a IpAddr>,
-    ) -> Result<usize, RouteError> {
-        let mut n = 0;
-        for a in addrs {
-            self.kernel.delete_address(interface, *a)?;
+            if present {
+                self.kernel.add_address(interface, *a)?;
+            } else {
+                self.kernel.delete_address(interface, *a)?;
+            }
             n += 1;
         }
         Ok(n)

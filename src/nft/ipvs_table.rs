@@ -93,10 +93,7 @@ pub(super) fn ipvs_rules(
                 SET_SERVICE_PORTS,
                 element(p.vip_key.clone(), None, &p.label),
             ),
-            None => (
-                MAP_NO_ENDPOINT_SERVICES,
-                element(p.vip_key.clone(), p.unserved(internal), &p.label),
-            ),
+            None => p.vip_unserved(),
         });
         p.count(&mut out, svc, config);
         if !p.is_external() {

@@ -499,6 +499,16 @@ impl PortIn<'_> {
         }
     }
 
+    /// The ClusterIP's `no-endpoint-services` element, for when no chain
+    /// serves internal traffic.
+    pub(super) fn vip_unserved(&self) -> (&'static str, Element) {
+        let verdict = self.unserved(None);
+        (
+            MAP_NO_ENDPOINT_SERVICES,
+            element(self.vip_key.clone(), verdict, &self.label),
+        )
+    }
+
     /// Whether the port has external addresses or a NodePort.
     pub(super) fn is_external(&self) -> bool {
         !self.external_keys.is_empty() || self.port.node_port.is_some()
@@ -591,10 +601,7 @@ pub(super) fn nftables_rules(
                     &p.label,
                 ),
             ),
-            None => (
-                MAP_NO_ENDPOINT_SERVICES,
-                element(p.vip_key.clone(), p.unserved(internal), &p.label),
-            ),
+            None => p.vip_unserved(),
         });
         p.count(&mut out, svc, config);
         if !p.is_external() {
