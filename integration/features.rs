@@ -398,6 +398,75 @@ fn a_udp_flow_reaches_the_new_endpoint_within_a_second_of_the_change() {
     );
 }
 
+/// kube-proxy's rule for stale UDP flows: a flow lives as long as its endpoint
+/// serves, whatever chooses endpoints for new flows. pod-a starts terminating
+/// (still serving) as pod-b comes: the flow it has stays with it while it
+/// drains, and a new flow goes to pod-b.
+#[test]
+fn a_udp_flow_stays_with_an_endpoint_that_terminates_while_it_still_serves() {
+    let c = Cluster::new("udpterm", &PODS, &[9376]);
+    let spec = "  clusterIP: 10.96.5.13\n  ports: [{name: dns, protocol: UDP, port: 53, targetPort: 9376}]";
+    let terminating = ", conditions: {ready: false, serving: true, terminating: true}";
+    let path = c.scratch.write(
+        "m.yaml",
+        &(svc("dns", spec, "") + &eps("dns", &[ep("10.244.1.10", NODE, "")])),
+    );
+    let log = c.scratch.write("daemon.log", "");
+    let d = Daemon::start(c.node(), &path, log, &["--min-sync-period", "0s"]);
+    wait_until(Duration::from_secs(10), "first sync", || {
+        d.syncs("Full") > 0
+    });
+    // One flow (one source port) that keeps asking; every answer's pod, in order.
+    let (client, vip) = (c.client().to_string(), "10.96.5.13:53");
+    let asker = std::thread::spawn(move || {
+        kube_nft::netns::in_netns(&client, move || {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            sock.connect(vip).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let mut names = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(6) {
+                let _ = sock.send(b"?");
+                if let Ok(n) = sock.recv(&mut buf) {
+                    names.push(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            names
+        })
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let syncs = d.syncs("");
+    std::fs::write(
+        &path,
+        svc("dns", spec, "")
+            + &eps(
+                "dns",
+                &[
+                    ep("10.244.1.10", NODE, terminating),
+                    ep("10.244.1.11", NODE, ""),
+                ],
+            ),
+    )
+    .unwrap();
+    wait_until(Duration::from_secs(5), "the change to be synced", || {
+        d.syncs("") > syncs
+    });
+    // A new flow goes to the ready endpoint.
+    let t = tally(c.client(), "10.96.5.13:53", 5, true);
+    assert_only(&t, &["pod-b"]);
+    let names = asker.join().unwrap();
+    assert!(names.len() > 50, "{} answers", names.len());
+    assert!(
+        names.iter().all(|n| n == "pod-a"),
+        "the flow left its terminating endpoint: {names:?}\n{}",
+        d.log_text()
+    );
+}
+
 fn sticky(timeout: u32, endpoints: &[&str]) -> String {
     let spec = format!("  clusterIP: 10.96.5.12\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n  ports: [{{name: http, port: 80, targetPort: 9376}}]");
     let eps_lines: Vec<String> = endpoints.iter().map(|a| ep(a, NODE, "")).collect();

@@ -5,14 +5,21 @@
 //! to, even after that endpoint left the Service, until the entry expires
 //! (minutes, refreshed by every packet). Likewise an entry created while the
 //! Service had no endpoints keeps the flow un-NATed. After a sync we compare the
-//! UDP flows to the destinations of the Services it recomputed with the endpoints
-//! each destination may now reach, and delete the others so their next packet is
+//! UDP flows to the destinations of the Services it recomputed with the
+//! endpoints that still serve, and delete the others so their next packet is
 //! load-balanced again. A deleted Service's destinations may reach nothing.
+//!
+//! "Still serve" is kube-proxy's rule (`pkg/proxy/conntrack/cleanup.go`): every
+//! endpoint whose `serving` condition holds, whatever the traffic policy,
+//! topology hints or terminating state choose for new flows. A flow lives as
+//! long as its endpoint serves, as a TCP connection does: a pod that starts
+//! terminating keeps the flows it has while it drains, and a policy or hint
+//! change moves only new flows.
 
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
-use crate::core::policy::{categorize, port_endpoints};
+use crate::core::policy::port_endpoints;
 use crate::dataplane::SyncKind;
 use crate::engine::SyncReport;
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
@@ -24,18 +31,15 @@ type Addr = (IpAddr, u16);
 type Destinations = BTreeMap<Addr, BTreeSet<Addr>>;
 
 /// One Service's UDP destinations (ClusterIP, external IP, load balancer IP and
-/// NodePort on this node's addresses) with the endpoints each may be DNATed to.
+/// NodePort on this node's addresses) with the endpoints that still serve them.
 pub fn udp_destinations(state: &ClusterState, svc: &Service, config: &NodeConfig) -> Destinations {
     let node = state.node.as_ref();
     let mut out = Destinations::new();
     for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
         for family in Family::ALL {
-            let in_family = port_endpoints(state, svc, port, family);
-            let eps = categorize(svc, &in_family, node);
-            let allowed: BTreeSet<Addr> = eps
-                .cluster
+            let allowed: BTreeSet<Addr> = port_endpoints(state, svc, port, family)
                 .iter()
-                .chain(&eps.local)
+                .filter(|e| e.conditions.serving)
                 .map(|e| (e.addr, e.port))
                 .collect();
             let of_family = |ip: &&IpAddr| Family::of(ip) == family;

@@ -98,7 +98,7 @@ ok "pod $gone deleted under load: $sent requests, none failed"
 # 5. Metrics on every node (kube-proxy's names and port), and kube-nft's logs.
 for n in "${all[@]}"; do
   syncs=$(docker exec "$n" curl -sf --max-time 2 http://127.0.0.1:10249/metrics |
-    awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count/ { print $2 }') ||
+    awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count\{ip_family="IPv4"\}/ { print $2 }') ||
     fail "no metrics on $n:10249"
   [ "${syncs%.*}" -gt 0 ] 2>/dev/null || fail "$n's proxy counts no syncs (${syncs:-no such metric})"
 done
