@@ -337,6 +337,43 @@ fn services_a_proxy_must_leave_alone_get_no_rules() {
     }
 }
 
+/// One UDP flow (one source port) from `client` to `vip` that asks every 50 ms
+/// for `lasting`, and sends each answer's pod, with when it came, until the
+/// receiver is dropped.
+fn one_udp_flow(
+    client: &str,
+    vip: &'static str,
+    lasting: Duration,
+) -> (
+    std::thread::JoinHandle<()>,
+    std::sync::mpsc::Receiver<(Instant, String)>,
+) {
+    let client = client.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let asker = std::thread::spawn(move || {
+        kube_nft::netns::in_netns(&client, move || {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            sock.connect(vip).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap();
+            let mut buf = [0u8; 64];
+            let started = Instant::now();
+            while started.elapsed() < lasting {
+                let _ = sock.send(b"?");
+                if let Ok(n) = sock.recv(&mut buf) {
+                    let name = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+                    if tx.send((Instant::now(), name)).is_err() {
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .unwrap();
+    });
+    (asker, rx)
+}
+
 #[test]
 fn a_udp_flow_reaches_the_new_endpoint_within_a_second_of_the_change() {
     let c = Cluster::new("udpct", &PODS, &[9376]);
@@ -350,29 +387,7 @@ fn a_udp_flow_reaches_the_new_endpoint_within_a_second_of_the_change() {
     });
 
     // One flow (one source port) that keeps asking, as a DNS client would.
-    let (client, vip) = (c.client().to_string(), "10.96.5.11:53");
-    let (tx, rx) = std::sync::mpsc::channel::<(Instant, String)>();
-    let asker = std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&client, move || {
-            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-            sock.connect(vip).unwrap();
-            sock.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-            let mut buf = [0u8; 64];
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(8) {
-                let _ = sock.send(b"?");
-                if let Ok(n) = sock.recv(&mut buf) {
-                    let name = String::from_utf8_lossy(&buf[..n]).trim().to_string();
-                    if tx.send((Instant::now(), name)).is_err() {
-                        return;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-        .unwrap();
-    });
+    let (asker, rx) = one_udp_flow(c.client(), "10.96.5.11:53", Duration::from_secs(8));
     let first = rx.recv_timeout(Duration::from_secs(3)).unwrap();
     assert_eq!(first.1, "pod-a");
     std::thread::sleep(Duration::from_millis(500));
@@ -417,27 +432,7 @@ fn a_udp_flow_stays_with_an_endpoint_that_terminates_while_it_still_serves() {
         d.syncs("Full") > 0
     });
     // One flow (one source port) that keeps asking; every answer's pod, in order.
-    let (client, vip) = (c.client().to_string(), "10.96.5.13:53");
-    let asker = std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&client, move || {
-            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-            sock.connect(vip).unwrap();
-            sock.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
-            let mut buf = [0u8; 64];
-            let mut names = Vec::new();
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(6) {
-                let _ = sock.send(b"?");
-                if let Ok(n) = sock.recv(&mut buf) {
-                    names.push(String::from_utf8_lossy(&buf[..n]).trim().to_string());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            names
-        })
-        .unwrap()
-    });
+    let (asker, rx) = one_udp_flow(c.client(), "10.96.5.13:53", Duration::from_secs(6));
     std::thread::sleep(Duration::from_secs(1));
     let syncs = d.syncs("");
     std::fs::write(
@@ -458,7 +453,8 @@ fn a_udp_flow_stays_with_an_endpoint_that_terminates_while_it_still_serves() {
     // A new flow goes to the ready endpoint.
     let t = tally(c.client(), "10.96.5.13:53", 5, true);
     assert_only(&t, &["pod-b"]);
-    let names = asker.join().unwrap();
+    asker.join().unwrap();
+    let names: Vec<String> = rx.iter().map(|(_, name)| name).collect();
     assert!(names.len() > 50, "{} answers", names.len());
     assert!(
         names.iter().all(|n| n == "pod-a"),

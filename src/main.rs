@@ -382,11 +382,10 @@ fn init_logging(logging: Option<&LoggingArgs>) {
 
 /// Every flag of `run` with its value as given, its default, or empty: what
 /// `/flagz` lists, as kube-proxy's lists its own.
-fn flag_values(matches: &ArgMatches) -> Vec<(String, String)> {
+fn flag_values(command: &clap::Command, matches: &ArgMatches) -> Vec<(String, String)> {
     let Some(run) = matches.subcommand_matches("run") else {
         return Vec::new();
     };
-    let command = Cli::command();
     let Some(run_command) = command.find_subcommand("run") else {
         return Vec::new();
     };
@@ -409,14 +408,15 @@ fn flag_values(matches: &ArgMatches) -> Vec<(String, String)> {
 }
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let command = Cli::command();
+    let matches = command.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging(match &cli.command {
         Command::Run(args) => Some(&args.logging),
         _ => None,
     });
     let result: Result<bool, String> = match cli.command {
-        Command::Run(args) => run(&args, &flag_values(&matches)),
+        Command::Run(args) => run(&args, &flag_values(&command, &matches)),
         Command::Render { proxy } => {
             proxy
                 .config_here()

@@ -6,12 +6,12 @@
 //! in effect, as a v1alpha1 `KubeProxyConfiguration`), `/flagz` and `/statusz`
 //! (text for people, as kube-proxy 1.36's zpages).
 
-use crate::config::{DetectLocal, Settings, Source, API_VERSION};
+use crate::config::{go_duration, DetectLocal, Settings, Source, API_VERSION};
 use crate::core::node_config::{NodePortAddresses, ProxyMode};
 use crate::http::Response;
 use crate::metrics::Metrics;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// The paths `/statusz` lists, as kube-proxy lists its own.
 const PATHS: [&str; 5] = ["/configz", "/flagz", "/healthz", "/metrics", "/proxyMode"];
@@ -21,7 +21,7 @@ const WARNING: &str = "Warning: This endpoint is not meant to be machine parseab
 
 pub struct MetricsServer {
     metrics: Arc<Metrics>,
-    mode: &'static str,
+    mode: String,
     configz: String,
     flagz: String,
     started: SystemTime,
@@ -33,7 +33,7 @@ impl MetricsServer {
     pub fn new(settings: &Settings, flags: &[(String, String)], metrics: Arc<Metrics>) -> Self {
         MetricsServer {
             metrics,
-            mode: mode_name(&settings.node.mode),
+            mode: settings.node.mode.name(),
             configz: configz(settings),
             flagz: flagz(flags),
             started: SystemTime::now(),
@@ -53,7 +53,7 @@ impl MetricsServer {
                 body: self.metrics.render(),
             },
             "/healthz" | "/healthz/ping" => text("ok".into()),
-            "/proxyMode" => text(self.mode.into()),
+            "/proxyMode" => text(self.mode.clone()),
             "/configz" => Response {
                 status: 200,
                 content_type: "application/json",
@@ -81,13 +81,6 @@ impl MetricsServer {
     }
 }
 
-fn mode_name(mode: &ProxyMode) -> &'static str {
-    match mode {
-        ProxyMode::Nftables => "nftables",
-        ProxyMode::Ipvs(_) => "ipvs",
-    }
-}
-
 /// `/flagz`: kube-proxy's text form, one `name=value` line per flag, by name.
 fn flagz(flags: &[(String, String)]) -> String {
     let mut flags = flags.to_vec();
@@ -97,33 +90,6 @@ fn flagz(flags: &[(String, String)]) -> String {
         out.push_str(&format!("{name}={value}\n"));
     }
     out
-}
-
-/// A duration as Go prints one (`30s`, `1m30s`, `1h0m0s`, `500ms`), the form
-/// of every duration in a `KubeProxyConfiguration`.
-pub fn go_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms == 0 {
-        return "0s".into();
-    }
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let seconds = |ms: u128| match ms % 1000 {
-        0 => format!("{}s", ms / 1000),
-        frac => format!(
-            "{}.{}s",
-            ms / 1000,
-            format!("{frac:03}").trim_end_matches('0')
-        ),
-    };
-    let (h, m) = (ms / 3_600_000, (ms / 60_000) % 60);
-    let s = seconds(ms % 60_000);
-    match (h, m) {
-        (0, 0) => s,
-        (0, m) => format!("{m}m{s}"),
-        (h, m) => format!("{h}h{m}m{s}"),
-    }
 }
 
 /// `/configz`: the configuration in effect, as kube-proxy shows its own (a
@@ -155,7 +121,7 @@ fn configz(s: &Settings) -> String {
         "hostnameOverride": s.node_name,
         "healthzBindAddress": bind(s.healthz_bind_address),
         "metricsBindAddress": bind(s.metrics_bind_address),
-        "mode": mode_name(&node.mode),
+        "mode": node.mode.name(),
         "detectLocalMode": match s.detect_local {
             DetectLocal::ClusterCidr => "ClusterCIDR",
             DetectLocal::NodeCidr => "NodeCIDR",
@@ -187,22 +153,4 @@ fn configz(s: &Settings) -> String {
     }
     config["nftables"] = nftables;
     serde_json::json!({ "kubeproxy.config.k8s.io": config }).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_as_go_prints_them() {
-        let d = Duration::from_secs;
-        assert_eq!(go_duration(d(30)), "30s");
-        assert_eq!(go_duration(d(90)), "1m30s");
-        assert_eq!(go_duration(d(3600)), "1h0m0s");
-        assert_eq!(go_duration(d(86400)), "24h0m0s");
-        assert_eq!(go_duration(d(900)), "15m0s");
-        assert_eq!(go_duration(Duration::from_millis(500)), "500ms");
-        assert_eq!(go_duration(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(go_duration(Duration::ZERO), "0s");
-    }
 }

@@ -80,7 +80,10 @@ impl ProxyHealth {
     }
 
     pub fn healthy(&self) -> bool {
-        let s = self.state.lock().unwrap();
+        self.healthy_in(&self.state.lock().unwrap())
+    }
+
+    fn healthy_in(&self, s: &State) -> bool {
         s.last_updated.is_some() && s.oldest_pending.is_none_or(|t| t.elapsed() <= self.timeout)
     }
 
@@ -93,10 +96,9 @@ impl ProxyHealth {
             "/livez" => false,
             _ => return Response::not_found(),
         };
-        let healthy = self.healthy();
-        let (last, eligible) = {
+        let (healthy, last, eligible) = {
             let s = self.state.lock().unwrap();
-            (s.last_updated, s.node_eligible)
+            (self.healthy_in(&s), s.last_updated, s.node_eligible)
         };
         let ok = healthy && (eligible || !with_node);
         let now = SystemTime::now();

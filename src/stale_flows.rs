@@ -124,8 +124,9 @@ impl StaleFlowCleaner {
         let mut deleted: Vec<(Family, usize)> = Family::ALL.iter().map(|f| (*f, 0)).collect();
         for f in &stale {
             sock.delete(f)?;
-            for (family, n) in deleted.iter_mut() {
-                *n += usize::from(Family::of(&f.original.dst) == *family);
+            let family = Family::of(&f.original.dst);
+            if let Some((_, n)) = deleted.iter_mut().find(|(of, _)| *of == family) {
+                *n += 1;
             }
         }
         for (key, now) in updates {

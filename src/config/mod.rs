@@ -152,6 +152,33 @@ pub struct Settings {
     pub oom_score_adj: Option<i32>,
 }
 
+/// A duration as Go prints one (`30s`, `1m30s`, `1h0m0s`, `500ms`), the form
+/// of every duration in a `KubeProxyConfiguration`; `parse_duration` reads it.
+pub fn go_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let seconds = |ms: u128| match ms % 1000 {
+        0 => format!("{}s", ms / 1000),
+        frac => format!(
+            "{}.{}s",
+            ms / 1000,
+            format!("{frac:03}").trim_end_matches('0')
+        ),
+    };
+    let (h, m) = (ms / 3_600_000, (ms / 60_000) % 60);
+    let s = seconds(ms % 60_000);
+    match (h, m) {
+        (0, 0) => s,
+        (0, m) => format!("{m}m{s}"),
+        (h, m) => format!("{h}h{m}m{s}"),
+    }
+}
+
 /// Parses a Go duration as Kubernetes writes them (`30s`, `1m30s`, `500ms`, `2h`),
 /// or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -264,6 +264,24 @@ fn mode_ipvs_takes_the_ipvs_section_and_its_flags() {
 }
 
 #[test]
+fn durations_print_as_go_prints_them_and_parse_back() {
+    let d = Duration::from_secs;
+    for (duration, text) in [
+        (d(30), "30s"),
+        (d(90), "1m30s"),
+        (d(3600), "1h0m0s"),
+        (d(86400), "24h0m0s"),
+        (d(900), "15m0s"),
+        (Duration::from_millis(500), "500ms"),
+        (Duration::from_millis(1500), "1.5s"),
+        (Duration::ZERO, "0s"),
+    ] {
+        assert_eq!(go_duration(duration), text);
+        assert_eq!(parse_duration(text).unwrap(), duration, "{text}");
+    }
+}
+
+#[test]
 fn go_durations_parse() {
     assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
     assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

@@ -89,6 +89,18 @@ impl ModeName {
 }
 
 impl ProxyMode {
+    /// Its name, as `--proxy-mode` takes it.
+    pub fn name(&self) -> String {
+        use clap::ValueEnum;
+        let name = match self {
+            ProxyMode::Nftables => ModeName::Nftables,
+            ProxyMode::Ipvs(_) => ModeName::Ipvs,
+        };
+        name.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
     /// The mode of this name, with default settings (`""` is the default mode).
     pub fn named(name: &str) -> Option<ProxyMode> {
         if name.is_empty() {
