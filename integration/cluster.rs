@@ -9,7 +9,9 @@
 mod common;
 
 use common::control_plane::*;
+use common::services::assert_dropped;
 use common::*;
+use kube_nft::lab::topology::BRIDGE;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
@@ -67,6 +69,65 @@ fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes(
     wait_until(Duration::from_secs(30), "the Service's rules to go", || {
         !nft_list(c.node()).contains(&s.cluster_ip)
     });
+}
+
+/// Issue #30 item 6: a ServiceCIDR added at run time is served and guarded,
+/// and unguarded once deleted. An address of the new range is held by pod web-a
+/// and routed to it, so a packet that nothing drops is answered: the drop shows
+/// as a timeout where there was an answer.
+#[test]
+fn with_a_real_control_plane_a_service_cidr_added_at_run_time_is_served_and_guarded() {
+    const RANGE: &str = "10.97.0.0/24";
+    const ALLOCATED: &str = "10.97.0.10";
+    const HELD: &str = "10.97.0.99:9376";
+    let s = Serving::new("kcx", "kc8");
+    let (c, cp) = (&s.c, &s.cp);
+    kube_nft::netns::ip_in(
+        &c.pod_ns("web-a"),
+        &["addr", "add", "10.97.0.99/32", "dev", "eth0"],
+    )
+    .unwrap();
+    kube_nft::netns::ip_in(c.node(), &["route", "add", "10.97.0.99/32", "dev", BRIDGE]).unwrap();
+    let _kube_nft = s.daemonset("kube-nft.log");
+    wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
+        answers(c.client(), &s.vip())
+    });
+    assert!(
+        answers(c.client(), HELD),
+        "not yet a Service range: delivered"
+    );
+
+    cp.apply(&format!(
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {{name: extra}}\nspec: {{cidrs: [{RANGE}]}}\n"
+    ));
+    cp.apply(
+        &service_yaml("extra").replace("spec: {", &format!("spec: {{clusterIP: {ALLOCATED}, ")),
+    );
+    let extra = format!("{ALLOCATED}:80");
+    wait_until(
+        Duration::from_secs(30),
+        "the new range's Service to answer",
+        || answers(c.client(), &extra),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the new range to be guarded",
+        || nft_list(c.node()).contains(&format!("ip daddr {RANGE} drop")),
+    );
+    assert_dropped(c.client(), HELD);
+    assert!(
+        answers(c.client(), &s.vip()),
+        "the first range still serves"
+    );
+
+    // The range can go once no Service holds an address in it (the
+    // controller then lifts its finalizer).
+    cp.kubectl(&["delete", "service", "extra"]);
+    cp.kubectl(&["delete", "servicecidr", "extra"]);
+    wait_until(Duration::from_secs(30), "the range's guard to go", || {
+        answers(c.client(), HELD)
+    });
+    assert!(!nft_list(c.node()).contains(RANGE));
 }
 
 /// Scenarios 7, 8 and 9 of issue #17: kube-nft restarted while a connection is

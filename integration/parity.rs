@@ -359,8 +359,10 @@ fn parity_with_aligned_pod_cidrs_and_the_default_service_cidr() {
     );
 }
 
+/// Also a cluster with a second ServiceCIDR per family, added at run time:
+/// one drop rule each.
 #[test]
-fn parity_with_unaligned_cidrs_and_another_masquerade_bit() {
+fn parity_with_unaligned_cidrs_two_service_cidrs_and_another_masquerade_bit() {
     check_parity(
         "pb",
         NodeConfig {
@@ -371,6 +373,8 @@ fn parity_with_unaligned_cidrs_and_another_masquerade_bit() {
             service_cidrs: vec![
                 "10.96.0.0/16".parse().unwrap(),
                 "fd00:10:96::/108".parse().unwrap(),
+                "10.97.0.0/24".parse().unwrap(),
+                "fd00:10:97::/120".parse().unwrap(),
             ],
             masquerade_bit: 0,
             ..NodeConfig::default()

@@ -75,8 +75,8 @@ pub fn with_local_addresses(mut config: NodeConfig) -> NodeConfig {
     config
 }
 
-/// The first CIDR of each family (the ruleset drops unallocated addresses in one
-/// Service CIDR per family).
+/// The first CIDR of each family (local traffic detection takes one pod CIDR
+/// per family).
 fn one_per_family(cidrs: &[IpNet]) -> Vec<IpNet> {
     Family::ALL
         .into_iter()
@@ -106,7 +106,7 @@ impl NodeSettings {
                 .unwrap_or_default();
         }
         if self.service_cidrs_from_api {
-            config.service_cidrs = one_per_family(&store.service_cidrs());
+            config.service_cidrs = store.service_cidrs();
         }
         config.local_addresses = engine.config().local_addresses.clone();
         if read_addresses {

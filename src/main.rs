@@ -76,8 +76,8 @@ enum Command {
         /// outside them to a ClusterIP is masqueraded.
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_CLUSTER_CIDR)]
         cluster_cidr: Vec<IpNet>,
-        /// The Services' CIDRs (comma-separated, one per family): addresses there
-        /// that no Service holds are dropped.
+        /// The Services' CIDRs (comma-separated, any number per family):
+        /// addresses there that no Service holds are dropped.
         #[arg(long, value_delimiter = ',', default_value = lab::DEFAULT_SERVICE_CIDR)]
         service_cidr: Vec<IpNet>,
         /// `nftables`, or `ipvs` where the kernel has IPVS.
@@ -293,7 +293,7 @@ struct ProxyArgs {
     /// Pod CIDRs (comma-separated, one per family).
     #[arg(long, value_delimiter = ',')]
     cluster_cidr: Vec<IpNet>,
-    /// Service CIDRs (comma-separated, one per family).
+    /// Service CIDRs (comma-separated, any number per family).
     #[arg(long, value_delimiter = ',')]
     service_cidr: Vec<IpNet>,
     /// The bit of the packet mark that asks for masquerading (kube-proxy's

@@ -97,7 +97,7 @@ start_controllers() {
   local dir=$1 bin=$2 pki=$1/pki
   start "$dir" "$cp_ns" kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/admin.kubeconfig" \
-    --controllers endpointslice,endpointslicemirroring,namespace,serviceaccount,serviceaccount-token,garbagecollector \
+    --controllers endpointslice,endpointslicemirroring,namespace,serviceaccount,serviceaccount-token,garbagecollector,service-cidr-controller \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --leader-elect=false --bind-address 127.0.0.1 --secure-port 10257 \
     --authentication-skip-lookup

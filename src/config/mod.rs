@@ -67,8 +67,8 @@ pub struct Flags {
     /// ClusterIP is masqueraded.
     #[arg(long, value_delimiter = ',')]
     pub cluster_cidr: Option<Vec<IpNet>>,
-    /// Service CIDRs (one per family): unallocated addresses in them are dropped.
-    /// Default: from the cluster's ServiceCIDR objects.
+    /// Service CIDRs (any number per family): unallocated addresses in them are
+    /// dropped. Default: every ServiceCIDR object of the cluster, kept current.
     #[arg(long, value_delimiter = ',')]
     pub service_cidr: Option<Vec<IpNet>>,
     /// Where NodePorts are served: `primary` (default), `all`, or CIDRs selecting

@@ -222,19 +222,25 @@ impl NodeConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // Local traffic detection (as kube-proxy's) takes one pod CIDR per
+        // family; a cluster may have any number of ServiceCIDRs.
+        for family in Family::ALL {
+            let n = self
+                .cluster_cidrs
+                .iter()
+                .filter(|c| Family::of_net(c) == family)
+                .count();
+            if n > 1 {
+                return Err(ConfigError(format!(
+                    "--cluster-cidr: {n} {} CIDRs given; one per family is supported (dual-stack: one IPv4 and one IPv6)",
+                    family.keyword()
+                )));
+            }
+        }
         for (flag, cidrs) in [
             ("--cluster-cidr", &self.cluster_cidrs),
             ("--service-cidr", &self.service_cidrs),
         ] {
-            for family in Family::ALL {
-                let n = cidrs.iter().filter(|c| Family::of_net(c) == family).count();
-                if n > 1 {
-                    return Err(ConfigError(format!(
-                        "{flag}: {n} {} CIDRs given; one per family is supported (dual-stack: one IPv4 and one IPv6)",
-                        family.keyword()
-                    )));
-                }
-            }
             if let Some(c) = cidrs.iter().find(|c| c.prefix_len() == 0) {
                 return Err(ConfigError(format!("{flag}: {c} covers every address")));
             }
@@ -303,10 +309,21 @@ impl NodeConfig {
 
     /// The first CIDR of `family` among `cidrs`, host bits cleared.
     pub fn cidr(cidrs: &[IpNet], family: Family) -> Option<IpNet> {
+        Self::cidrs(cidrs, family).next()
+    }
+
+    /// Each CIDR of `family`, truncated to its network, once, in the given order.
+    pub fn cidrs(cidrs: &[IpNet], family: Family) -> impl Iterator<Item = IpNet> + '_ {
+        let mut seen = Vec::new();
         cidrs
             .iter()
-            .find(|c| Family::of_net(c) == family)
+            .filter(move |c| Family::of_net(c) == family)
             .map(|c| c.trunc())
+            .filter(move |c| {
+                let new = !seen.contains(c);
+                seen.push(*c);
+                new
+            })
     }
 }
 

@@ -20,7 +20,8 @@ pub const CLIENT_V4: &str = "192.0.2.2";
 pub const UPLINK_V4: &str = "192.0.2.1";
 pub const CLIENT_V6: &str = "2001:db8::2";
 pub const UPLINK_V6: &str = "2001:db8::1";
-const BRIDGE: &str = "kn-br0";
+/// The node's bridge, where pod addresses are routed.
+pub const BRIDGE: &str = "kn-br0";
 
 pub struct Pod {
     pub name: String,

@@ -87,7 +87,9 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         .with_comment("reject traffic to invalid ports of ClusterIPs"),
         Rule::new(vec![in_set(Field::Daddr, SET_CLUSTER_IPS), Stmt::Reject]),
     ];
-    if let Some(cidr) = NodeConfig::cidr(&config.service_cidrs, family) {
+    // One rule per ServiceCIDR of the family (kube-proxy puts them in one rule's
+    // anonymous set): a cluster has a handful, and this shape is one we encode.
+    for cidr in NodeConfig::cidrs(&config.service_cidrs, family) {
         cluster_ips_check.push(
             Rule::new(vec![
                 Stmt::AddrMatch {

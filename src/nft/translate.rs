@@ -170,7 +170,7 @@ mod tests {
 
     use crate::core::net::Protocol;
     use crate::nft::slots::{assign_slots, Fill};
-    use crate::ruleset::{Chain, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
+    use crate::ruleset::{Chain, Field, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
     use std::net::IpAddr;
 
     fn key(name: &str) -> ServiceKey {
@@ -456,7 +456,11 @@ mod tests {
     fn masquerade_rule_and_unallocated_drop_follow_the_cidrs() {
         let config = NodeConfig {
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
-            service_cidrs: vec!["10.0.0.0/16".parse().unwrap()],
+            // Every ServiceCIDR of a family is guarded, each once, host bits
+            // cleared.
+            service_cidrs: ["10.0.0.0/16", "10.97.0.0/24", "10.97.0.9/24"]
+                .map(|c| c.parse().unwrap())
+                .to_vec(),
             masquerade_bit: 14,
             ..NodeConfig::default()
         };
@@ -464,7 +468,21 @@ mod tests {
         let services = v4.chain(CHAIN_SERVICES).unwrap();
         assert_eq!(services.rules.len(), 1);
         assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
-        assert_eq!(v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 3);
+        let drops: Vec<_> = v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules[2..]
+            .iter()
+            .map(|r| r.stmts.clone())
+            .collect();
+        let drop = |net: &str| {
+            vec![
+                Stmt::AddrMatch {
+                    field: Field::Daddr,
+                    net: net.parse().unwrap(),
+                    negate: false,
+                },
+                Stmt::Verdict(Verdict::Drop),
+            ]
+        };
+        assert_eq!(drops, vec![drop("10.0.0.0/16"), drop("10.97.0.0/24")]);
         // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
         let v6 = skeleton(Family::Ip6, &config);
         assert!(v6.chain(CHAIN_SERVICES).unwrap().rules.is_empty());
@@ -491,16 +509,22 @@ mod tests {
     }
 
     #[test]
-    fn two_cidrs_of_one_family_are_a_clear_error() {
+    fn two_pod_cidrs_of_one_family_are_a_clear_error_two_service_cidrs_are_not() {
+        let two = vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "10.245.0.0/16".parse().unwrap(),
+        ];
         let config = NodeConfig {
-            cluster_cidrs: vec![
-                "10.244.0.0/16".parse().unwrap(),
-                "10.245.0.0/16".parse().unwrap(),
-            ],
+            cluster_cidrs: two.clone(),
             ..NodeConfig::default()
         };
         let err = config.validate().unwrap_err();
         assert!(err.0.starts_with("--cluster-cidr: 2 ip CIDRs"), "{err}");
+        let config = NodeConfig {
+            service_cidrs: two,
+            ..NodeConfig::default()
+        };
+        config.validate().unwrap();
     }
 
     fn ep(last: u8) -> PortEndpoint {
