@@ -38,6 +38,7 @@ const METRICS: &str = "127.0.0.1:10249";
 /// `run` as node1 with `source` (`--master URL` or `--kubeconfig FILE`) and `extra`.
 fn start_daemon(c: &Cluster, source: [&str; 2], extra: &[&str]) -> Daemon {
     let mut args = vec!["run", source[0], source[1], "--hostname-override", "node1"];
+    args.extend(IN_A_NETNS);
     args.extend_from_slice(&["--healthz-bind-address", HEALTHZ]);
     args.extend_from_slice(extra);
     Daemon::spawn(c.node(), &args, c.scratch.0.join("daemon.log"))
@@ -383,6 +384,7 @@ fn without_kubeconfig_or_master_only_the_in_cluster_config_is_used() {
     std::fs::write(&kubeconfig, kubeconfig_for(&api.url())).unwrap();
     let mut child = Command::new("ip")
         .args(["netns", "exec", c.node(), BIN, "run", "--once"])
+        .args(IN_A_NETNS)
         .args(["--hostname-override", "node1"])
         .env("HOME", &home)
         .env("KUBECONFIG", &kubeconfig)

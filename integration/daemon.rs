@@ -469,7 +469,12 @@ fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_
     let c = Cluster::new("config", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let manifests = manifests.to_str().unwrap();
-    let good = c.scratch.write("good.yaml", KUBEADM_CONFIG);
+    // As kind writes it: the node is a network namespace, where the host's
+    // nf_conntrack_max cannot be written.
+    let good = c.scratch.write(
+        "good.yaml",
+        &KUBEADM_CONFIG.replace("maxPerCore: null", "maxPerCore: 0"),
+    );
     let run = |config: &std::path::Path| {
         kube_nft_in(
             c.node(),
@@ -506,7 +511,7 @@ fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_
             "masqueradeAl",
         ),
         (
-            KUBEADM_CONFIG.replace("maxPerCore: null", "maxPerCore: 32768"),
+            KUBEADM_CONFIG.replace("maxPerCore: null", "maxPerCore: -1"),
             "conntrack.maxPerCore",
         ),
         (
@@ -648,7 +653,11 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
         "--iptables-masquerade-bit=14",
         "--iptables-min-sync-period=1s",
         "--oom-score-adj=-999",
-        "--conntrack-max-per-core=0",
+        "--conntrack-tcp-timeout-established=48h",
+        "--conntrack-tcp-timeout-close-wait=2h",
+        "--conntrack-tcp-be-liberal",
+        "--conntrack-udp-timeout=45s",
+        "--conntrack-udp-timeout-stream=150s",
         "--kube-api-qps=5",
         "--feature-gates=AllAlpha=false",
     ]);
@@ -662,13 +671,106 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
         assert!(log.contains(warned), "{warned:?} not in:\n{log}");
     }
     assert!(answers(c.client(), "10.96.0.10:80"));
+    // The conntrack flags, set in the node's namespace (the kernel's defaults
+    // are 432000, 60, 0, 30 and 120).
+    for (sysctl, value) in [
+        ("nf_conntrack_tcp_timeout_established", "172800"),
+        ("nf_conntrack_tcp_timeout_close_wait", "7200"),
+        ("nf_conntrack_tcp_be_liberal", "1"),
+        ("nf_conntrack_udp_timeout", "45"),
+        ("nf_conntrack_udp_timeout_stream", "150"),
+    ] {
+        assert_eq!(netfilter_sysctl(c.node(), sysctl), value, "{sysctl}");
+    }
     let mut refused = proxy_command("run", &manifests);
-    refused.extend(["--once", "--conntrack-max-per-core=32768"]);
+    refused.extend(["--once", "--log-json-split-stream"]);
     let out = kube_nft_in(c.node(), &refused);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("--conntrack-max-per-core=32768: not supported"),
+        !out.status.success() && err.contains("--log-json-split-stream: not supported"),
         "{err}"
+    );
+}
+
+/// `/proc/sys/net/netfilter/NAME` as the namespace `ns` sees it.
+fn netfilter_sysctl(ns: &str, name: &str) -> String {
+    let path = format!("/proc/sys/net/netfilter/{name}");
+    kube_nft::netns::in_netns(ns, move || std::fs::read_to_string(path))
+        .unwrap()
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// kube-proxy's conntrack sysctls by default (issue #30 item 1): the TCP
+/// CLOSE_WAIT timeout is 1 h and the established one 24 h, as kube-proxy's e2e
+/// test `KubeProxy should set TCP CLOSE_WAIT timeout` expects; written only
+/// where they differ. A `nf_conntrack_max` that cannot be written (a network
+/// namespace's is the host's, read-only) stops the start, as it stops
+/// kube-proxy's, naming the file, before anything is programmed.
+#[test]
+fn conntrack_sysctls_are_kube_proxy_s_and_one_that_cannot_be_set_stops_the_start() {
+    let c = Cluster::new("sysctl", &WEB_PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    assert_eq!(
+        netfilter_sysctl(c.node(), "nf_conntrack_tcp_timeout_close_wait"),
+        "60",
+        "a new namespace starts at the kernel's default"
+    );
+    let out = sync_once_with(c.node(), &manifests, &[]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    for (sysctl, value) in [
+        ("nf_conntrack_tcp_timeout_close_wait", "3600"),
+        ("nf_conntrack_tcp_timeout_established", "86400"),
+        ("nf_conntrack_tcp_be_liberal", "0"),
+    ] {
+        assert_eq!(netfilter_sysctl(c.node(), sysctl), value, "{sysctl}");
+    }
+    assert!(
+        log.contains("set net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600"),
+        "{log}"
+    );
+    // The second start finds them set and writes none.
+    let out = sync_once_with(c.node(), &manifests, &[]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("set net.netfilter"), "{log}");
+    kube_nft_in(c.node(), &["cleanup"]);
+
+    // A maximum unlike the host's (one entry per CPU, so --conntrack-min
+    // decides), without the namespace's flags.
+    let host_max: u64 = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let min = (host_max + 4).to_string();
+    let mut args = proxy_command("run", &manifests);
+    args.truncate(args.len() - IN_A_NETNS.len());
+    args.extend([
+        "--once",
+        "--conntrack-max-per-core=1",
+        "--conntrack-min",
+        &min,
+    ]);
+    let out = kube_nft_in(c.node(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "could not set conntrack parameters: setting /proc/sys/net/netfilter/nf_conntrack_max to {min}: Permission denied"
+        )),
+        "{err}"
+    );
+    assert!(
+        !nft_list(c.node()).contains("kube-nft"),
+        "programmed anyway"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max")
+            .unwrap()
+            .trim(),
+        host_max.to_string(),
+        "the host's value is untouched"
     );
 }
 

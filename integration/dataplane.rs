@@ -69,7 +69,9 @@ fn removing_an_endpoint_stops_traffic_to_it_while_the_daemon_runs() {
     let c = Cluster::new("remove", &PODS, &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&V4));
     let mut daemon = Command::new("ip")
-        .args(["netns", "exec", c.node(), BIN, "run", "--manifests"])
+        .args(["netns", "exec", c.node(), BIN, "run"])
+        .args(IN_A_NETNS)
+        .arg("--manifests")
         .arg(&manifests)
         .args([
             "--cluster-cidr",

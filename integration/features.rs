@@ -164,7 +164,7 @@ fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() 
     );
     let seen = client_address_seen(c.client(), &node_port(30082));
     assert_eq!(seen, CLIENT_V4);
-    // Pods are served like internal traffic: by every endpoint.
+    // Pods reach every endpoint.
     assert_only(
         &tally(&c.pod_ns("pod-c"), "198.51.100.20:80", 30, false),
         &["pod-a", "pod-b"],
@@ -189,6 +189,82 @@ fn external_traffic_policy_local_keeps_the_client_address_and_local_endpoints() 
     // The node's own processes too (checked after DNAT, so not dropped).
     let on_node = tally(c.node(), "198.51.100.20:80", 5, false);
     assert!(on_node.errors.is_empty(), "{:?}", on_node.errors);
+}
+
+/// A LoadBalancer Service with an external IP (198.51.100.30) and a load
+/// balancer IP (198.51.100.31), `externalTrafficPolicy: Local` and, if asked,
+/// `internalTrafficPolicy: Local`; pod-a on `a_node`, pod-b on node-b.
+fn etp_local_external_manifests(a_node: &str, internal_local: bool) -> String {
+    let itp = if internal_local {
+        "  internalTrafficPolicy: Local\n"
+    } else {
+        ""
+    };
+    node_object("zone-a")
+        + &svc(
+            "xl",
+            &format!("  type: LoadBalancer\n  clusterIP: 10.96.5.6\n  externalIPs: [198.51.100.30]\n  externalTrafficPolicy: Local\n{itp}  healthCheckNodePort: 32101\n  ports: [{{name: http, port: 80, targetPort: 9376, nodePort: 30083}}]"),
+            "loadBalancer: {ingress: [{ip: 198.51.100.31}]}",
+        )
+        + &eps(
+            "xl",
+            &[
+                ep("10.244.1.10", a_node, ""),
+                ep("10.244.1.11", "node-b", ""),
+            ],
+        )
+}
+
+/// Issue #30 item 8 (kubernetes#131765): an `externalTrafficPolicy: Local`
+/// Service's external IP and load balancer IP, from a pod on this node, from
+/// the node itself and from outside, with and without an endpoint here, and
+/// with `internalTrafficPolicy: Local` too. Outside clients reach this node's
+/// endpoints only, with their address kept, and are dropped when there is none.
+/// A pod and the node reach every endpoint, whatever either policy says: their
+/// traffic is handled as if it had gone out to the load balancer and come back
+/// to a node with an endpoint (kube-proxy's short-circuit, fixed for nftables
+/// mode by kubernetes#132456). The pod keeps its address; the node's traffic is
+/// masqueraded, as the address it would pick may be the Service's own.
+#[test]
+fn external_traffic_policy_local_external_addresses_serve_pods_and_the_node_from_any_node() {
+    let c = Cluster::new("etpx", &PODS, &[9376]);
+    let pod_c = c.pod_ns("pod-c");
+    let external = ["198.51.100.30:80", "198.51.100.31:80"];
+
+    // No endpoint on this node: the case kubernetes#131765 reports.
+    c.apply_with(&etp_local_external_manifests("node-b", false), &node_flag());
+    for dst in external {
+        assert_dropped(c.client(), dst);
+        assert_only(&tally(&pod_c, dst, 30, false), &["pod-a", "pod-b"]);
+        assert_eq!(client_address_seen(&pod_c, dst), "10.244.1.12", "{dst}");
+        assert_only(&tally(c.node(), dst, 30, false), &["pod-a", "pod-b"]);
+        assert_eq!(client_address_seen(c.node(), dst), GATEWAY_V4, "{dst}");
+    }
+
+    // One here: outside clients reach it alone, with their address kept.
+    c.apply_with(&etp_local_external_manifests(NODE, false), &node_flag());
+    for dst in external {
+        assert_only(&tally(c.client(), dst, 20, false), &["pod-a"]);
+        assert_eq!(client_address_seen(c.client(), dst), CLIENT_V4, "{dst}");
+        assert_only(&tally(&pod_c, dst, 30, false), &["pod-a", "pod-b"]);
+        assert_only(&tally(c.node(), dst, 30, false), &["pod-a", "pod-b"]);
+    }
+
+    // internalTrafficPolicy: Local binds the ClusterIP, not the external
+    // addresses.
+    c.apply_with(&etp_local_external_manifests(NODE, true), &node_flag());
+    assert_only(&tally(&pod_c, "10.96.5.6:80", 20, false), &["pod-a"]);
+    for dst in external {
+        assert_only(&tally(c.client(), dst, 20, false), &["pod-a"]);
+        assert_only(&tally(&pod_c, dst, 30, false), &["pod-a", "pod-b"]);
+    }
+    c.apply_with(&etp_local_external_manifests("node-b", true), &node_flag());
+    assert_dropped(&pod_c, "10.96.5.6:80");
+    for dst in external {
+        assert_dropped(c.client(), dst);
+        assert_only(&tally(&pod_c, dst, 30, false), &["pod-a", "pod-b"]);
+        assert_only(&tally(c.node(), dst, 30, false), &["pod-a", "pod-b"]);
+    }
 }
 
 fn answers_status(ns: &str, code: u16) -> bool {
@@ -929,7 +1005,14 @@ fn explain_from_the_kernel_refuses_what_kube_nft_did_not_write() {
     let manifests = scratch.write("hostnames.yaml", kube_nft::lab::DEFAULT_MANIFESTS);
     let out = kube_nft_in(
         &ns.name,
-        &["run", "--once", "--manifests", manifests.to_str().unwrap()],
+        &[
+            "run",
+            "--once",
+            IN_A_NETNS[0],
+            IN_A_NETNS[1],
+            "--manifests",
+            manifests.to_str().unwrap(),
+        ],
     );
     assert!(
         out.status.success(),

@@ -268,6 +268,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     if let Some(adj) = settings.oom_score_adj {
         set_oom_score_adj(adj);
     }
+    // Before anything listens, as kube-proxy: a node that cannot hold the
+    // connections asked for should not look healthy.
+    crate::conntrack_sysctls::settle(&settings.conntrack)?;
     let mut engine = crate::assemble::engine(settings.node.clone()).map_err(|e| e.to_string())?;
     let mut store = ClusterStore::new(&settings.node_name);
     let node_settings = NodeSettings {

@@ -20,6 +20,7 @@
 pub mod assemble;
 pub mod bench;
 pub mod config;
+pub mod conntrack_sysctls;
 pub mod core;
 pub mod daemon;
 pub mod dataplane;

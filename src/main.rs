@@ -278,6 +278,10 @@ struct RunArgs {
     /// Remove kube-nft's tables and exit (as `kube-nft cleanup`).
     #[arg(long)]
     cleanup: bool,
+    /// Do what needs a writable /proc/sys and /sys (the conntrack sysctls) and
+    /// exit, as kube-proxy's flag: the daemon then needs only CAP_NET_ADMIN.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    init_only: Option<bool>,
 }
 
 /// The flags of the one-shot commands that translate manifests (`render`, `explain`).
@@ -492,6 +496,10 @@ fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String>
         return cleanup();
     }
     let settings = config::resolve(&flags)?;
+    if args.init_only == Some(true) {
+        kube_nft::conntrack_sysctls::settle(&settings.conntrack)?;
+        return Ok(true);
+    }
     daemon::run(settings, flags_given, args.once).map(|_| true)
 }
 

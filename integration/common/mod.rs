@@ -21,6 +21,11 @@ use std::time::Duration;
 pub const BIN: &str = env!("CARGO_BIN_EXE_kube-nft");
 pub const CLUSTER_CIDRS: &str = "10.244.0.0/16,fd00:10:244::/56";
 pub const SERVICE_CIDRS: &str = "10.96.0.0/12,fd00:10:96::/112";
+/// What `run` needs when its node is a network namespace, as kind gives
+/// kube-proxy and the benchmarks give both proxies: `nf_conntrack_max` is the
+/// host's, read-only there, so it is left alone (the timeouts are the
+/// namespace's own and are set).
+pub const IN_A_NETNS: [&str; 2] = ["--conntrack-max-per-core", "0"];
 
 pub fn require_root() {
     assert!(
@@ -146,7 +151,7 @@ pub fn sync_once(ns: &str, manifests: &Path) -> Output {
 /// `COMMAND --manifests PATH` with the test CIDRs: what `run`, `render` and
 /// `explain` are given alike.
 pub fn proxy_command<'a>(command: &'a str, manifests: &'a Path) -> Vec<&'a str> {
-    vec![
+    let mut args = vec![
         command,
         "--manifests",
         manifests.to_str().unwrap(),
@@ -154,7 +159,11 @@ pub fn proxy_command<'a>(command: &'a str, manifests: &'a Path) -> Vec<&'a str> 
         CLUSTER_CIDRS,
         "--service-cidr",
         SERVICE_CIDRS,
-    ]
+    ];
+    if command == "run" {
+        args.extend(IN_A_NETNS);
+    }
+    args
 }
 
 /// The same, with more flags.

@@ -126,7 +126,8 @@ start_apiserver() {
     --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --service-cluster-ip-range "$service_cidr"
+    --service-cluster-ip-range "$service_cidr" \
+    --allow-privileged=true  # as kubeadm's: kube-nft's init container is privileged
   local token
   token=$(cut -d, -f1 "$pki/tokens.csv")
   wait_for "kube-apiserver /readyz" 90 ns_exec "$cp_ns" \
@@ -242,6 +243,11 @@ daemonset_run() {
   kubectl get configmap kube-nft -n kube-system -o jsonpath='{.data.config\.conf}' >"$pod_dir/config.conf"
   local bounded=()
   [ -z "${DAEMONSET_LIMIT:-}" ] || bounded=(timeout --kill-after 5 "$DAEMONSET_LIMIT")
+  # The node is a network namespace, where nf_conntrack_max (the host's) is
+  # read-only: left alone, as kind does for kube-proxy. The init container's
+  # step first, then the daemon.
+  local in_a_netns=--conntrack-max-per-core=0
+  ip netns exec "$node" "$kube_nft" run --config="$pod_dir/config.conf" --init-only "$in_a_netns" >&2
   # exec: the caller's process becomes kube-nft, so that stopping it stops kube-nft.
   exec "${bounded[@]}" ip netns exec "$node" env -u KUBECONFIG KUBERNETES_SERVICE_HOST="${APISERVER_IP}" KUBERNETES_SERVICE_PORT=6443 \
     unshare --mount --propagation private sh -c '
@@ -249,7 +255,7 @@ daemonset_run() {
       mkdir -p /run/secrets/kubernetes.io &&
       cp -r "$1" /run/secrets/kubernetes.io/serviceaccount &&
       shift && exec "$@"' sh "$sa" \
-    "$kube_nft" run --config="$pod_dir/config.conf" --hostname-override="$node_name" "$@"
+    "$kube_nft" run --config="$pod_dir/config.conf" --hostname-override="$node_name" "$in_a_netns" "$@"
 }
 
 # Wires a node's namespace to the fabric at this address (a /24 beside the API

@@ -45,7 +45,7 @@ cluster join "$dir" kov-a 10.100.0.11 && cluster node "$dir" node-a 10.100.0.11 
 cluster join "$dir" kov-b 10.100.0.12 && cluster node "$dir" node-b 10.100.0.12 10.244.1.0/24
 kubeconfig=$dir/admin.kubeconfig
 ip netns exec kov-a "$KUBE_NFT_BIN" run --kubeconfig "$kubeconfig" --hostname-override node-a \
-  --cluster-cidr 10.244.0.0/16 >"$dir/kube-nft.log" 2>&1 &
+  --cluster-cidr 10.244.0.0/16 --conntrack-max-per-core 0 >"$dir/kube-nft.log" 2>&1 &
 pids+=($!)
 # Conntrack sysctls are the host's, not the namespace's: kube-proxy leaves them.
 ip netns exec kov-b "$bin/kube-proxy" --kubeconfig "$kubeconfig" --hostname-override node-b \

@@ -10,7 +10,10 @@
 # 3. the NodePort answers on every node, from another node;
 # 4. a pod deleted leaves the rotation without a failed request;
 # 5. the proxy's metrics answer on every node and count syncs, and (kube-nft)
-#    its logs show them.
+#    its logs show them;
+# 6. every node has kube-proxy's conntrack TCP timeouts (CLOSE_WAIT 1 h, as
+#    upstream's e2e test "KubeProxy should set TCP CLOSE_WAIT timeout" expects;
+#    established 24 h), and (kube-nft) its init container set them.
 # Each check prints one line: "ok: …" or "FAILED: …".
 set -euo pipefail
 proxy=kube-nft
@@ -105,11 +108,32 @@ done
 ok "metrics answer on every node and count syncs"
 if [ "$proxy" = kube-nft ]; then
   for pod in $(kubectl -n kube-system get pods -l k8s-app=kube-nft -o jsonpath='{.items[*].metadata.name}'); do
-    logs=$(kubectl -n kube-system logs "$pod")
+    logs=$(kubectl -n kube-system logs "$pod" -c kube-nft)
     grep -q "synced in" <<<"$logs" || fail "kube-nft's log in $pod shows no sync"
     # Its own commits are not drift (a container has a pid namespace of its own).
     ! grep -q "changed outside kube-nft" <<<"$logs" || fail "kube-nft in $pod repairs its own commits: $(grep -m1 'changed outside' <<<"$logs")"
   done
   ok "kube-nft's logs show its syncs, and no drift"
+fi
+
+# 6. The conntrack sysctls, in each node's network namespace (a new one starts
+#    at the kernel's 60 s and 5 days).
+for n in "${all[@]}"; do
+  timeouts=$(docker exec "$n" cat /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait \
+    /proc/sys/net/netfilter/nf_conntrack_tcp_timeout_established | tr '\n' ' ')
+  [ "$timeouts" = "3600 86400 " ] || fail "$n's conntrack TCP timeouts (CLOSE_WAIT, established) are $timeouts, not 3600 86400"
+done
+ok "every node's conntrack TCP timeouts are kube-proxy's: CLOSE_WAIT 3600 s, established 86400 s"
+if [ "$proxy" = kube-nft ]; then
+  # The privileged init container wrote them; the daemon, with NET_ADMIN only
+  # and a read-only /proc/sys, found them set and wrote nothing.
+  for pod in $(kubectl -n kube-system get pods -l k8s-app=kube-nft -o jsonpath='{.items[*].metadata.name}'); do
+    init=$(kubectl -n kube-system logs "$pod" -c conntrack-sysctls)
+    grep -q "set net.netfilter.nf_conntrack_tcp_timeout_close_wait=3600" <<<"$init" ||
+      fail "$pod's init container did not set the CLOSE_WAIT timeout: $init"
+    ! kubectl -n kube-system logs "$pod" -c kube-nft | grep -q "set net.netfilter" ||
+      fail "$pod's daemon wrote a sysctl the init container had set"
+  done
+  ok "kube-nft's init container set them, and the daemon found them set"
 fi
 kubectl delete pod client --wait=false >/dev/null

@@ -70,11 +70,13 @@ load_kube_nft_image() {
 }
 
 # deploy/ applied as it is but for the API server's address, one that works
-# before any Service does. Returns once kube-nft's DaemonSet is rolled out.
+# before any Service does, and `conntrack.maxPerCore: 0` as kind writes it for
+# kube-proxy: a node is a container, whose nf_conntrack_max is the host's and
+# read-only. Returns once kube-nft's DaemonSet is rolled out.
 deploy_kube_nft() {
   local deploy=$kind_dir/../../deploy
   kubectl apply -f - <"$deploy/rbac.yaml"
-  kubectl apply -f - <"$deploy/config.yaml"
+  sed 's/^    mode: nftables$/&\n    conntrack: {maxPerCore: 0}/' "$deploy/config.yaml" | kubectl apply -f -
   sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" "$deploy/daemonset.yaml" | kubectl apply -f -
   kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
 }

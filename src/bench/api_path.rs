@@ -184,6 +184,8 @@ fn run_once(netns: &str, url: &str) -> Result<OnceReport, String> {
         .arg(exe)
         .args(["run", "--master", url, "--hostname-override", THIS_NODE])
         .args(["--cluster-cidr", "10.128.0.0/9", "--once"])
+        // nf_conntrack_max is the host's, read-only in a namespace.
+        .args(["--conntrack-max-per-core", "0"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

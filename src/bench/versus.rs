@@ -262,6 +262,8 @@ async fn set_endpoints(
 
 fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String> {
     let kubeconfig = opts.kubeconfig.to_str().unwrap_or_default();
+    // nf_conntrack_max is the host's, read-only in the node's namespace: both
+    // leave it (the timeouts are the namespace's, and both set them).
     let common = [
         "--kubeconfig",
         kubeconfig,
@@ -269,6 +271,8 @@ fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String>
         &opts.node_name,
         "--cluster-cidr",
         "10.128.0.0/9",
+        "--conntrack-max-per-core",
+        "0",
     ];
     let mut cmd = match c {
         Contender::KubeNft => {
@@ -278,9 +282,7 @@ fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String>
         }
         Contender::KubeProxyNftables | Contender::KubeProxyIptables => {
             let mut cmd = Command::new(&opts.kube_proxy);
-            // Conntrack sysctls are the host's, not the namespace's: leave them.
-            cmd.args(common)
-                .args(["--proxy-mode", c.name(), "--conntrack-max-per-core", "0"]);
+            cmd.args(common).args(["--proxy-mode", c.name()]);
             cmd
         }
     };

@@ -281,25 +281,6 @@ impl FileConfig {
                 why,
             )?;
         }
-        if let Some(c) = &self.conntrack {
-            let why = "kube-nft does not set conntrack sysctls; set them on the node";
-            must_be_unset("conntrack.maxPerCore", &c.max_per_core, why)?;
-            must_be_unset("conntrack.min", &c.min, why)?;
-            must_be_unset("conntrack.tcpBeLiberal", &c.tcp_be_liberal, why)?;
-            for (field, value) in [
-                (
-                    "conntrack.tcpEstablishedTimeout",
-                    &c.tcp_established_timeout,
-                ),
-                ("conntrack.tcpCloseWaitTimeout", &c.tcp_close_wait_timeout),
-                ("conntrack.udpTimeout", &c.udp_timeout),
-                ("conntrack.udpStreamTimeout", &c.udp_stream_timeout),
-            ] {
-                if duration_field(field, value)?.is_some() {
-                    return Err(format!("{field}: {why}"));
-                }
-            }
-        }
         // configSyncPeriod is the informers' resync; watches need none.
         duration_field("configSyncPeriod", &self.config_sync_period)?;
         must_be_unset(
@@ -308,5 +289,67 @@ impl FileConfig {
             "it was the userspace proxy's, which is gone",
         )?;
         check_oom_score_adj("oomScoreAdj", self.oom_score_adj)
+    }
+}
+
+impl ConntrackSection {
+    /// The flags over the file over kube-proxy's defaults. In the file, absent
+    /// or null is the default and `0`/`0s` leaves the kernel's value.
+    pub(super) fn settings(&self, flags: &ConntrackFlags) -> Result<ConntrackSettings, String> {
+        let d = ConntrackSettings::default();
+        let count =
+            |field: &str, flag: Option<u32>, file: Option<i32>, default: u32| match (flag, file) {
+                (Some(n), _) => Ok(n),
+                (None, Some(n)) => {
+                    u32::try_from(n).map_err(|_| format!("{field}: {n} must be 0 or more"))
+                }
+                (None, None) => Ok(default),
+            };
+        let duration =
+            |field: &str, flag: Option<Duration>, file: &Option<String>, default: Duration| match (
+                flag,
+                file.as_deref().filter(|t| !t.is_empty()),
+            ) {
+                (Some(d), _) => Ok(d),
+                (None, Some(text)) => parse_duration(text).map_err(|e| format!("{field}: {e}")),
+                (None, None) => Ok(default),
+            };
+        Ok(ConntrackSettings {
+            max_per_core: count(
+                "conntrack.maxPerCore",
+                flags.max_per_core,
+                self.max_per_core,
+                d.max_per_core,
+            )?,
+            min: count("conntrack.min", flags.min, self.min, d.min)?,
+            tcp_established_timeout: duration(
+                "conntrack.tcpEstablishedTimeout",
+                flags.tcp_established_timeout,
+                &self.tcp_established_timeout,
+                d.tcp_established_timeout,
+            )?,
+            tcp_close_wait_timeout: duration(
+                "conntrack.tcpCloseWaitTimeout",
+                flags.tcp_close_wait_timeout,
+                &self.tcp_close_wait_timeout,
+                d.tcp_close_wait_timeout,
+            )?,
+            tcp_be_liberal: flags
+                .tcp_be_liberal
+                .or(self.tcp_be_liberal)
+                .unwrap_or(d.tcp_be_liberal),
+            udp_timeout: duration(
+                "conntrack.udpTimeout",
+                flags.udp_timeout,
+                &self.udp_timeout,
+                d.udp_timeout,
+            )?,
+            udp_stream_timeout: duration(
+                "conntrack.udpStreamTimeout",
+                flags.udp_stream_timeout,
+                &self.udp_stream_timeout,
+                d.udp_stream_timeout,
+            )?,
+        })
     }
 }

@@ -67,28 +67,30 @@ pub struct KubeProxyFlags {
     #[arg(long, value_name = "GATES")]
     pub feature_gates: Option<String>,
 
-    // Accepted only at the value that changes nothing, else refused.
-    /// Refused unless 0 (leave the kernel's value): kube-nft sets no conntrack sysctl.
+    /// Entries per CPU for nf_conntrack_max (default 32768; 0 leaves it and
+    /// ignores --conntrack-min).
     #[arg(long, value_name = "N")]
-    pub conntrack_max_per_core: Option<String>,
-    /// Refused unless 0: kube-nft sets no conntrack sysctl.
+    pub conntrack_max_per_core: Option<u32>,
+    /// The least nf_conntrack_max, whatever the CPU count (default 131072).
     #[arg(long, value_name = "N")]
-    pub conntrack_min: Option<String>,
-    /// Refused unless false: kube-nft sets no conntrack sysctl.
+    pub conntrack_min: Option<u32>,
+    /// Sets nf_conntrack_tcp_be_liberal to 1.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub conntrack_tcp_be_liberal: Option<String>,
-    /// Refused unless 0: kube-nft sets no conntrack sysctl.
-    #[arg(long, value_name = "DURATION")]
-    pub conntrack_tcp_timeout_close_wait: Option<String>,
-    /// Refused unless 0: kube-nft sets no conntrack sysctl.
-    #[arg(long, value_name = "DURATION")]
-    pub conntrack_tcp_timeout_established: Option<String>,
-    /// Refused unless 0: kube-nft sets no conntrack sysctl.
-    #[arg(long, value_name = "DURATION")]
-    pub conntrack_udp_timeout: Option<String>,
-    /// Refused unless 0: kube-nft sets no conntrack sysctl.
-    #[arg(long, value_name = "DURATION")]
-    pub conntrack_udp_timeout_stream: Option<String>,
+    pub conntrack_tcp_be_liberal: Option<bool>,
+    /// Idle timeout of TCP connections in CLOSE_WAIT (default 1h; 0 leaves it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+    /// Idle timeout of established TCP connections (default 24h; 0 leaves it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+    /// Idle timeout of UDP flows not yet answered (default 0: leave it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub conntrack_udp_timeout: Option<Duration>,
+    /// Idle timeout of answered UDP flows (default 0: leave it).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+
+    // Accepted only at the value that changes nothing, else refused.
     /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
     #[arg(long, value_name = "DURATION")]
     pub ipvs_tcp_timeout: Option<String>,
@@ -109,9 +111,6 @@ pub struct KubeProxyFlags {
     /// Refused: detect-local mode InterfaceNamePrefix is not built.
     #[arg(long, value_name = "PREFIX")]
     pub pod_interface_name_prefix: Option<String>,
-    /// Refused: kube-nft has no init-only phase.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub init_only: Option<String>,
     /// Refused: kube-nft does not write its configuration out.
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<String>,
@@ -144,11 +143,6 @@ impl KubeProxyFlags {
                 "detect-local mode InterfaceNamePrefix is not built",
             ),
             (
-                "--init-only",
-                &self.init_only,
-                "kube-nft has no init-only phase",
-            ),
-            (
                 "--write-config-to",
                 &self.write_config_to,
                 "kube-nft does not write its configuration out",
@@ -160,22 +154,6 @@ impl KubeProxyFlags {
             }
         }
         let only_noop = [
-            ("--conntrack-max-per-core", &self.conntrack_max_per_core),
-            ("--conntrack-min", &self.conntrack_min),
-            ("--conntrack-tcp-be-liberal", &self.conntrack_tcp_be_liberal),
-            (
-                "--conntrack-tcp-timeout-close-wait",
-                &self.conntrack_tcp_timeout_close_wait,
-            ),
-            (
-                "--conntrack-tcp-timeout-established",
-                &self.conntrack_tcp_timeout_established,
-            ),
-            ("--conntrack-udp-timeout", &self.conntrack_udp_timeout),
-            (
-                "--conntrack-udp-timeout-stream",
-                &self.conntrack_udp_timeout_stream,
-            ),
             ("--ipvs-tcp-timeout", &self.ipvs_tcp_timeout),
             ("--ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout),
             ("--ipvs-udp-timeout", &self.ipvs_udp_timeout),
@@ -183,7 +161,7 @@ impl KubeProxyFlags {
         for (flag, value) in only_noop {
             if let Some(v) = value.as_deref().filter(|v| !is_noop(v)) {
                 return Err(format!(
-                    "{flag}={v}: not supported by kube-nft, which sets no conntrack or IPVS timeout (0 leaves the kernel's value, and is accepted)"
+                    "{flag}={v}: not supported by kube-nft, which sets no IPVS timeout (0 leaves the kernel's value, and is accepted)"
                 ));
             }
         }
@@ -198,6 +176,15 @@ impl KubeProxyFlags {
             .or(self.ipvs_min_sync_period)
             .or(self.iptables_min_sync_period);
         flags.oom_score_adj = flags.oom_score_adj.or(self.oom_score_adj);
+        flags.conntrack = super::ConntrackFlags {
+            max_per_core: self.conntrack_max_per_core,
+            min: self.conntrack_min,
+            tcp_established_timeout: self.conntrack_tcp_timeout_established,
+            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait,
+            tcp_be_liberal: self.conntrack_tcp_be_liberal,
+            udp_timeout: self.conntrack_udp_timeout,
+            udp_stream_timeout: self.conntrack_udp_timeout_stream,
+        };
         let ignored = [
             ("--config-sync-period", &self.config_sync_period),
             ("--kube-api-qps", &self.kube_api_qps),
@@ -253,6 +240,8 @@ mod tests {
             "--oom-score-adj=-999",
             "--conntrack-max-per-core=0",
             "--conntrack-tcp-timeout-established=0s",
+            "--conntrack-tcp-timeout-close-wait=2h",
+            "--conntrack-tcp-be-liberal",
             "--kube-api-qps=5",
             "--feature-gates=AllAlpha=false",
         ]);
@@ -262,6 +251,16 @@ mod tests {
         assert_eq!(flags.sync_period, Some(Duration::from_secs(60)));
         assert_eq!(flags.min_sync_period, Some(Duration::from_secs(2)));
         assert_eq!(flags.oom_score_adj, Some(-999));
+        assert_eq!(
+            flags.conntrack,
+            super::super::ConntrackFlags {
+                max_per_core: Some(0),
+                tcp_established_timeout: Some(Duration::ZERO),
+                tcp_close_wait_timeout: Some(Duration::from_secs(7200)),
+                tcp_be_liberal: Some(true),
+                ..Default::default()
+            }
+        );
         assert_eq!(warnings.len(), 2, "{warnings:?}");
         assert!(warnings[0].starts_with("--kube-api-qps"), "{warnings:?}");
 
@@ -277,10 +276,6 @@ mod tests {
 
         for (args, named) in [
             (&["--bind-address=10.0.0.1"][..], "--bind-address"),
-            (
-                &["--conntrack-max-per-core=32768"],
-                "--conntrack-max-per-core=32768",
-            ),
             (&["--ipvs-udp-timeout=5m"], "--ipvs-udp-timeout=5m"),
             (&["--write-config-to", "/tmp/x"], "--write-config-to"),
             (&["--oom-score-adj=-1001"], "--oom-score-adj"),

@@ -7,6 +7,7 @@
 //! at its zero value (kubeadm writes them all), and anything else, including a
 //! misspelt field, stops the start with a message naming the field.
 
+use crate::conntrack_sysctls::ConntrackSettings;
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
     IpvsSettings, ModeName, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
@@ -99,9 +100,24 @@ pub struct Flags {
     /// kube-proxy's `--oom-score-adj` (set through `KubeProxyFlags`).
     #[arg(skip)]
     pub oom_score_adj: Option<i32>,
+    /// kube-proxy's `--conntrack-*` (set through `KubeProxyFlags`).
+    #[arg(skip)]
+    pub conntrack: ConntrackFlags,
     /// Count every Service port's packets and bytes (see `kube-nft top`).
     #[arg(long)]
     pub counters: bool,
+}
+
+/// kube-proxy's `--conntrack-*` flags; `None` where not given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConntrackFlags {
+    pub max_per_core: Option<u32>,
+    pub min: Option<u32>,
+    pub tcp_established_timeout: Option<Duration>,
+    pub tcp_close_wait_timeout: Option<Duration>,
+    pub tcp_be_liberal: Option<bool>,
+    pub udp_timeout: Option<Duration>,
+    pub udp_stream_timeout: Option<Duration>,
 }
 
 /// `detectLocalMode`: what makes traffic "from a pod" (not masqueraded, and
@@ -150,6 +166,8 @@ pub struct Settings {
     pub sync_period: Duration,
     pub min_sync_period: Duration,
     pub oom_score_adj: Option<i32>,
+    /// The conntrack sysctls to set at start.
+    pub conntrack: ConntrackSettings,
 }
 
 /// A duration as Go prints one (`30s`, `1m30s`, `1h0m0s`, `500ms`), the form
@@ -479,6 +497,10 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
                 .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
         },
         oom_score_adj: flags.oom_score_adj.or(file.oom_score_adj),
+        conntrack: file
+            .conntrack
+            .unwrap_or_default()
+            .settings(&flags.conntrack)?,
     })
 }
 

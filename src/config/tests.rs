@@ -116,6 +116,55 @@ fn the_file_kubeadm_writes_loads_with_its_values() {
     assert_eq!(s.node.nodeport_addresses, NodePortAddresses::Primary);
     assert_eq!(s.oom_score_adj, Some(-999));
     assert!(s.service_cidrs_from_api);
+    // null is kube-proxy's default, 0s leaves the kernel's value.
+    assert_eq!(s.conntrack, ConntrackSettings::default());
+}
+
+#[test]
+fn conntrack_settings_take_the_flag_then_the_file_then_kube_proxy_s_default() {
+    let text = KUBEADM
+        .replace("  maxPerCore: null", "  maxPerCore: 0")
+        .replace("  tcpBeLiberal: false", "  tcpBeLiberal: true")
+        .replace(
+            "  tcpEstablishedTimeout: null",
+            "  tcpEstablishedTimeout: 0s",
+        )
+        .replacen("  udpTimeout: 0s", "  udpTimeout: 30s", 1);
+    let s = resolve_text(
+        &text,
+        Flags {
+            conntrack: ConntrackFlags {
+                udp_timeout: Some(Duration::from_secs(45)),
+                min: Some(4096),
+                ..ConntrackFlags::default()
+            },
+            ..Flags::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        s.conntrack,
+        ConntrackSettings {
+            max_per_core: 0,
+            min: 4096,
+            tcp_established_timeout: Duration::ZERO,
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: true,
+            udp_timeout: Duration::from_secs(45),
+            udp_stream_timeout: Duration::ZERO,
+        }
+    );
+    // Without a file: kube-proxy's defaults, the 1 h CLOSE_WAIT among them.
+    let s = resolve(&Flags {
+        hostname_override: Some("node1".into()),
+        ..Flags::default()
+    })
+    .unwrap();
+    assert_eq!(
+        s.conntrack.tcp_close_wait_timeout,
+        Duration::from_secs(3600)
+    );
+    assert_eq!(s.conntrack.max_per_core, 32768);
 }
 
 #[test]
@@ -152,8 +201,13 @@ fn invalid_files_fail_naming_the_field() {
         ("  tcpTimeout: 0s", "  tcpTimeout: 900s", "ipvs.tcpTimeout"),
         (
             "  maxPerCore: null",
-            "  maxPerCore: 32768",
+            "  maxPerCore: -1",
             "conntrack.maxPerCore",
+        ),
+        (
+            "  tcpCloseWaitTimeout: null",
+            "  tcpCloseWaitTimeout: an hour",
+            "conntrack.tcpCloseWaitTimeout",
         ),
         (
             "detectLocalMode: \"\"",

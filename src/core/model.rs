@@ -110,8 +110,11 @@ impl Service {
     }
 
     /// kube-proxy's `UsesClusterEndpoints`: some traffic may go to any endpoint.
+    /// With both policies Local, a Service reachable from outside still does:
+    /// its pods' and this node's traffic to an external address is subject to
+    /// neither policy (as if it had gone out to a load balancer and come back).
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// kube-proxy's `UsesLocalEndpoints`: some traffic goes to this node's only.

@@ -127,6 +127,8 @@ mod tests {
         InternalLocal,
         /// `externalTrafficPolicy: Local` on a NodePort.
         ExternalLocal,
+        /// Both Local, on a NodePort.
+        BothLocal,
     }
 
     #[derive(Clone, Copy)]
@@ -334,6 +336,15 @@ mod tests {
             local: &[1],
             has_any: true,
         },
+        Case {
+            what: "both policies Local, reachable from outside: cluster endpoints still, for pods' and the node's traffic to its external addresses",
+            policy: Policy::BothLocal,
+            node: Some(("n1", None)),
+            eps: &[Ep(1, Ready, "n1", &[], &[]), Ep(2, Ready, "n2", &[], &[])],
+            cluster: &[1, 2],
+            local: &[1],
+            has_any: true,
+        },
     ];
 
     fn endpoint(e: &Ep) -> PortEndpoint {
@@ -365,6 +376,11 @@ mod tests {
             Policy::Cluster => {}
             Policy::InternalLocal => svc.internal_policy_local = true,
             Policy::ExternalLocal => {
+                svc.external_policy_local = true;
+                svc.ports[0].node_port = Some(30080);
+            }
+            Policy::BothLocal => {
+                svc.internal_policy_local = true;
                 svc.external_policy_local = true;
                 svc.ports[0].node_port = Some(30080);
             }

@@ -267,8 +267,11 @@ impl PolicyChains {
 /// The chain external traffic (NodePorts, external IPs, load balancer IPs) enters.
 /// With `externalTrafficPolicy: Cluster` it is masqueraded and may go anywhere.
 /// With `Local`, clients outside the node keep their source address and reach only
-/// this node's endpoints, while pods and the node itself are served like internal
-/// traffic (kube-proxy's short-circuit) so the Service works from everywhere.
+/// this node's endpoints, while pods and the node itself reach any endpoint
+/// (kube-proxy's short-circuit): their traffic is subject to neither policy, as
+/// if it had gone out to the load balancer and come back to a node that has
+/// one. So the Service works from every pod, whatever node it is on
+/// (kubernetes#131765).
 fn external_chain(
     name: String,
     label: &str,
@@ -277,7 +280,6 @@ fn external_chain(
     family: Family,
     chains: &PolicyChains,
 ) -> Option<Chain> {
-    let internal = chains.internal(svc);
     let (local, cluster) = (chains.local.as_deref(), chains.cluster.as_deref());
     let mark = config.masquerade_mark();
     let goto = |c: &str| Stmt::Verdict(Verdict::Goto(c.to_string()));
@@ -287,7 +289,7 @@ fn external_chain(
         rules.push(Rule::new(vec![Stmt::MarkOr(mark)]));
         rules.push(Rule::new(vec![goto(cluster)]));
     } else {
-        if let Some(internal) = internal {
+        if let Some(cluster) = cluster {
             if let Some(cidr) = NodeConfig::cidr(&config.cluster_cidrs, family) {
                 rules.push(
                     Rule::new(vec![
@@ -296,13 +298,13 @@ fn external_chain(
                             net: cidr,
                             negate: false,
                         },
-                        goto(internal),
+                        goto(cluster),
                     ])
-                    .with_comment("pods reach the Service like internal traffic"),
+                    .with_comment("pods reach any endpoint"),
                 );
             }
             rules.push(Rule::new(vec![Stmt::FibSaddrLocal, Stmt::MarkOr(mark)]));
-            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, goto(internal)]));
+            rules.push(Rule::new(vec![Stmt::FibSaddrLocal, goto(cluster)]));
         }
         if let Some(local) = local {
             rules.push(Rule::new(vec![goto(local)]));
