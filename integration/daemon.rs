@@ -399,6 +399,180 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
     assert!(!answers(c.client(), "10.96.0.10:80"));
 }
 
+/// Runs a command in `ns`, asserting success; its stdout.
+fn run_in(ns: &str, command: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(command)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue #30 item 5: `kube-nft cleanup --kube-proxy` removes what kube-proxy
+/// left, written here as kube-proxy writes it: its nftables mode's tables (with
+/// `nft`), and its iptables mode's chains and jumps (with iptables-nft and
+/// ip6tables-nft, kube-proxy's own commands and comments), whose DNAT still
+/// serves the VIP. kube-nft serves it too, and requests keep being answered
+/// while the leftovers go in one transaction. The kubelet's chain, another
+/// program's chain and its jump, and kube-nft's tables stay. A second run
+/// finds nothing to remove.
+#[test]
+fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_serves() {
+    let c = Cluster::new("kpclean", &WEB_PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("daemon.log"),
+        &["--hostname-override", "node1"],
+    );
+    wait_until(Duration::from_secs(10), "the VIP to answer", || {
+        answers(c.client(), "10.96.0.10:80")
+    });
+    let leftovers = c.scratch.write(
+        "kube-proxy.nft",
+        "table ip kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\ntable ip6 kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\n",
+    );
+    run_in(c.node(), &["nft", "-f", leftovers.to_str().unwrap()]);
+    let portals = ["-m", "comment", "--comment", "kubernetes service portals"];
+    for args in [
+        &["-t", "nat", "-N", "KUBE-SERVICES"][..],
+        &["-t", "nat", "-N", "KUBE-SVC-WEB"],
+        &["-t", "nat", "-N", "KUBE-SEP-WEB"],
+        &["-t", "nat", "-N", "KUBE-MARK-MASQ"],
+        &["-t", "nat", "-N", "KUBE-POSTROUTING"],
+        &["-t", "nat", "-N", "DOCKER"],
+        &["-t", "filter", "-N", "KUBE-FORWARD"],
+        &["-t", "filter", "-N", "KUBE-FIREWALL"],
+        &["-t", "mangle", "-N", "KUBE-PROXY-CANARY"],
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "KUBE-SEP-WEB",
+            "-p",
+            "tcp",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            "10.244.0.11:9376",
+        ],
+        &["-t", "nat", "-A", "KUBE-SVC-WEB", "-j", "KUBE-SEP-WEB"],
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "KUBE-SERVICES",
+            "-d",
+            "10.96.0.10/32",
+            "-p",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "KUBE-SVC-WEB",
+        ],
+        &["-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MASQUERADE"],
+        &["-t", "nat", "-A", "PREROUTING", "-j", "DOCKER"],
+        &["-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"],
+        &["-t", "filter", "-A", "FORWARD", "-j", "KUBE-FORWARD"],
+        &["-t", "nat", "-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"],
+    ] {
+        let mut command = vec!["iptables-nft"];
+        command.extend(args);
+        run_in(c.node(), &command);
+    }
+    for chain in ["PREROUTING", "OUTPUT"] {
+        let mut command = vec!["iptables-nft", "-t", "nat", "-A", chain];
+        command.extend(portals);
+        command.extend(["-j", "KUBE-SERVICES"]);
+        run_in(c.node(), &command);
+    }
+    run_in(
+        c.node(),
+        &["ip6tables-nft", "-t", "nat", "-N", "KUBE-SERVICES"],
+    );
+    run_in(
+        c.node(),
+        &[
+            "ip6tables-nft",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-j",
+            "KUBE-SERVICES",
+        ],
+    );
+    let before = run_in(c.node(), &["iptables-nft-save"]);
+    assert!(before.contains("-A KUBE-SEP-WEB"), "{before}");
+
+    // Requests all along, from before the cleanup to after it.
+    let (stop, client) = (Arc::new(AtomicBool::new(false)), c.client().to_string());
+    let asking = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut t = tally(&client, "10.96.0.10:80", 5, false);
+            while !stop.load(Ordering::Relaxed) {
+                let more = tally(&client, "10.96.0.10:80", 5, false);
+                t.errors.extend(more.errors);
+                for (k, v) in more.answers {
+                    *t.answers.entry(k).or_default() += v;
+                }
+            }
+            t
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let out = kube_nft_in(c.node(), &["cleanup", "--kube-proxy"]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let t = asking.join().unwrap();
+    assert!(
+        t.errors.is_empty(),
+        "failed while cleaning up: {:?}",
+        t.errors
+    );
+    assert!(t.answers.values().sum::<usize>() >= 10, "{t:?}");
+    for line in [
+        "removed kube-proxy's table ip kube-proxy, 7 iptables chains (ip nat, ip filter, ip mangle), 4 rules jumping to them",
+        "removed kube-proxy's table ip6 kube-proxy, 1 iptables chains (ip6 nat), 1 rules jumping to them",
+    ] {
+        assert!(log.contains(line), "{line:?} not in:\n{log}");
+    }
+
+    let after = run_in(c.node(), &["iptables-nft-save"]);
+    let kube: Vec<&str> = after.lines().filter(|l| l.contains("KUBE-")).collect();
+    assert_eq!(
+        kube,
+        [":KUBE-FIREWALL - [0:0]", "-A INPUT -j KUBE-FIREWALL"],
+        "only the kubelet's chain stays:\n{after}"
+    );
+    assert!(after.contains("-A PREROUTING -j DOCKER"), "{after}");
+    assert!(!run_in(c.node(), &["ip6tables-nft-save"]).contains("KUBE-"));
+    let tables = run_in(c.node(), &["nft", "list", "tables"]);
+    assert!(!tables.contains("kube-proxy"), "{tables}");
+    assert!(tables.contains("kube-nft"), "{tables}");
+    assert!(answers(c.client(), "10.96.0.10:80"));
+
+    let again = kube_nft_in(c.node(), &["cleanup", "--kube-proxy"]);
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{log}");
+    assert!(
+        log.contains("no kube-proxy nftables or iptables-nft rules here"),
+        "{log}"
+    );
+    drop(d);
+}
+
 /// While kube-proxy still runs on a node (a move to kube-nft), it holds the
 /// health and metrics ports. kube-nft serves them once they are free, as
 /// kube-proxy tries a taken port again every 5 s: otherwise its probes would

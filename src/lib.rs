@@ -31,6 +31,7 @@ pub mod fuzzing;
 pub mod healthcheck;
 pub mod http;
 pub mod ipvs;
+pub mod kube_proxy_leftovers;
 pub mod lab;
 pub mod metrics;
 pub mod metrics_server;

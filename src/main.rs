@@ -50,7 +50,13 @@ enum Command {
     /// Remove kube-nft's tables from the current network namespace, and with the
     /// IPVS backend's leftovers: kube-ipvs0 and the virtual services on this
     /// node's addresses.
-    Cleanup,
+    Cleanup {
+        /// Remove what kube-proxy left instead (once it no longer runs here):
+        /// its nftables tables, its iptables-nft chains and the rules jumping to
+        /// them, IPVS's virtual services and kube-ipvs0. kube-nft's are kept.
+        #[arg(long)]
+        kube_proxy: bool,
+    },
     /// List the Service ports by traffic (packets and bytes, both directions, both
     /// families), from the counters `run --counters` keeps.
     Top {
@@ -430,7 +436,8 @@ fn main() -> ExitCode {
                     true
                 })
         }
-        Command::Cleanup => cleanup(),
+        Command::Cleanup { kube_proxy: false } => cleanup(),
+        Command::Cleanup { kube_proxy: true } => cleanup_kube_proxy(),
         Command::Top { limit } => top(limit),
         Command::Explain {
             mut proxy,
@@ -501,6 +508,27 @@ fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String>
         return Ok(true);
     }
     daemon::run(settings, flags_given, args.once).map(|_| true)
+}
+
+fn cleanup_kube_proxy() -> Result<bool, String> {
+    let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
+    let removed = kube_nft::kube_proxy_leftovers::remove(&mut sock)?;
+    if removed.nftables.is_empty() {
+        tracing::info!("no kube-proxy nftables or iptables-nft rules here");
+    }
+    for line in &removed.nftables {
+        tracing::info!("removed kube-proxy's {line}");
+    }
+    if removed.ipvs_services > 0 {
+        tracing::info!("removed {} IPVS virtual services", removed.ipvs_services);
+    }
+    if !removed.legacy_tables.is_empty() {
+        tracing::warn!(
+            "iptables-legacy tables exist ({}), which kube-nft cannot read: if kube-proxy wrote rules there, `kube-proxy --cleanup` removes them",
+            removed.legacy_tables.join("; ")
+        );
+    }
+    Ok(true)
 }
 
 fn cleanup() -> Result<bool, String> {

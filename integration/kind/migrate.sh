@@ -11,8 +11,9 @@
 #   2. kube-proxy stopped: its DaemonSet gets a nodeSelector that no node
 #      matches (its manifest and ConfigMap stay, for the way back). Its rules
 #      stay, and serve, until
-#   3. deploy/migration/kube-proxy-cleanup.yaml runs `kube-proxy --cleanup` on
-#      every node. kube-nft's rules, already in place, serve alone.
+#   3. deploy/migration/kube-proxy-cleanup.yaml runs `kube-nft cleanup
+#      --kube-proxy` on every node. kube-nft's rules, already in place, serve
+#      alone.
 # And back:
 #   4. kube-proxy's nodeSelector removed; each kube-proxy has programmed its rules.
 #   5. kube-nft's DaemonSet deleted; its rules stay, and serve, until
