@@ -83,7 +83,9 @@ deploy_kube_nft() {
 
 # upstream's `hostnames` example: 3 pods that each serve their own name on 9376
 # (as serve_hostname does), behind a NodePort Service on 80. An earlier run's
-# goes first, pods and all. Returns once the pods are ready.
+# goes first, pods and all. Returns once the pods are ready and the
+# EndpointSlice controller has published them: from there on it is the proxy's
+# part.
 deploy_hostnames() {
   local busybox
   busybox=$(busybox_image)
@@ -116,4 +118,10 @@ spec:
   ports: [{port: 80, targetPort: 9376}]
 EOF
   kubectl rollout status deployment/hostnames --timeout=300s >/dev/null
+  retry 60 hostnames_slice_ready || fail "hostnames' EndpointSlice does not list its 3 pods as ready"
+}
+
+hostnames_slice_ready() {
+  [ "$(kubectl get endpointslices -l kubernetes.io/service-name=hostnames \
+    -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}x{end}')" = xxx ]
 }
