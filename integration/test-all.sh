@@ -109,9 +109,13 @@ bounded 1200 "the fuzz targets" bash integration/fuzz/run.sh 15 2>&1 | tee -a "$
 bounded 1800 "the 6.1 guest" bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
 # kube-nft as users run it: its image built from deploy/Containerfile, deployed
 # from deploy/ in a kind cluster (a control plane and two workers, real kubelet,
-# containerd, CoreDNS), and the same checks against real kube-proxy. Everything
-# is built here the first time (integration/kind/node-image.sh, cached). Each
-# "kind: ok:" or "kind: FAILED:" line counts as a test.
+# containerd, CoreDNS), and the same checks against real kube-proxy; then the
+# [Conformance] tests of Kubernetes' own Services e2e suite against each
+# (integration/e2e/; KUBE_NFT_E2E=all runs the whole selection). Everything
+# is built here the first time (integration/kind/node-image.sh,
+# integration/e2e/build.sh, cached). Each "kind: ok:" or "kind: FAILED:" line
+# counts as a test.
+export KUBE_NFT_E2E=${KUBE_NFT_E2E:-conformance}
 bounded 3000 "the kind clusters" bash integration/kind/test.sh 2>&1 | tee -a "$log" || status=$?
 
 # Nothing the tests made may outlive them: their network namespaces (the

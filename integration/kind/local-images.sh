@@ -4,6 +4,7 @@
 #   integration/kind/local-images.sh builder   # Debian bookworm with Debian's Rust (rustc-web), trusting this machine's CAs
 #   integration/kind/local-images.sh base      # libc and libgcc, as distroless/cc has them
 #   integration/kind/local-images.sh busybox   # Debian's busybox: a shell, wget, nslookup, httpd
+#   integration/kind/local-images.sh agnhost   # Kubernetes' test image, under the name the e2e tests ask for
 #
 # Each prints the image's name; built once, kept in docker and saved under
 # $KUBE_NFT_CACHE/kind (default /var/cache/kube-nft).
@@ -96,9 +97,29 @@ build_busybox() {
   rm -rf "$root"
 }
 
+# agnhost (integration/e2e/build.sh) with the tools its upstream Dockerfile
+# installs that the Services tests call in its pods: curl, netcat-openbsd (nc
+# -t/-u), iproute2 (ss), nslookup, wget, a shell and coreutils. Entry point and
+# default command as upstream's: `/agnhost pause`.
+build_agnhost() {
+  local root bin
+  bin=$(bash "$(dirname "$0")/../e2e/build.sh")
+  root=$(mktemp -d "$cache/agnhost.XXXXXX")
+  debootstrap --variant=minbase --include=curl,netcat-openbsd,iproute2,bind9-dnsutils,wget,procps,ca-certificates \
+    bookworm "$root" http://deb.debian.org/debian >"$cache/agnhost.log" 2>&1 ||
+    { log "debootstrap failed, see $cache/agnhost.log"; exit 1; }
+  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  install -m 0755 "$bin/agnhost" "$root/agnhost"
+  ln -s agnhost "$root/agnhost-2"
+  tar -C "$root" -c . | docker import -c 'ENTRYPOINT ["/agnhost"]' -c 'CMD ["pause"]' \
+    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$1" >/dev/null
+  rm -rf "$root"
+}
+
 case ${1:-} in
 builder) image kube-nft.local/rust-bookworm:3 build_builder ;;
 base) image kube-nft.local/cc-bookworm:1 build_base ;;
 busybox) image kube-nft.local/busybox:2 build_busybox ;;
-*) echo "usage: local-images.sh builder|base|busybox" >&2; exit 2 ;;
+agnhost) image registry.k8s.io/e2e-test-images/agnhost:2.63.0 build_agnhost ;;
+*) echo "usage: local-images.sh builder|base|busybox|agnhost" >&2; exit 2 ;;
 esac

@@ -57,7 +57,9 @@ done
 
 status=0
 # kube-proxy in iptables mode is here for the move to kube-nft and back only.
-for proxy in kube-nft kube-proxy-nftables kube-proxy-iptables; do
+# KUBE_NFT_KIND_PROXIES chooses some of them (a run of the e2e tests against
+# kube-nft alone, say).
+for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-iptables}; do
   started=$(date +%s)
   if ! bash "$here/up.sh" --proxy "$proxy" "$name"; then
     echo "kind: FAILED: a cluster with $proxy did not come up" >&2
@@ -65,6 +67,12 @@ for proxy in kube-nft kube-proxy-nftables kube-proxy-iptables; do
   else
     if [ "$proxy" != kube-proxy-iptables ]; then
       bash "$here/checks.sh" --proxy "$proxy" "$name" || status=1
+      # Kubernetes' own Services tests (integration/e2e/): KUBE_NFT_E2E=conformance
+      # runs their [Conformance] ones, =all the whole selection.
+      case ${KUBE_NFT_E2E:-none} in
+      conformance) bash "$here/../e2e/run.sh" --proxy "$proxy" "$name" || status=1 ;;
+      all) bash "$here/../e2e/run.sh" --proxy "$proxy" --all "$name" || status=1 ;;
+      esac
     fi
     if [ "$proxy" != kube-nft ]; then
       bash "$here/migrate.sh" --from "$proxy" "$name" || status=1

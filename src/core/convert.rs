@@ -72,6 +72,20 @@ fn is_port_name(s: &str) -> bool {
         && !s.contains("--")
 }
 
+/// The labels kube-proxy's informers select away, on Services and
+/// EndpointSlices alike: another proxy's, and headless.
+fn not_for_a_proxy(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Skip> {
+    let labels = meta.labels.as_ref()?;
+    if let Some(proxy) = labels.get(SERVICE_PROXY_NAME_LABEL) {
+        return Some(Skip::OtherProxy(proxy.clone()));
+    }
+    labels
+        .contains_key(HEADLESS_LABEL)
+        .then_some(Skip::Headless)
+}
+
 pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Rejected> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let key = ServiceKey {
@@ -82,13 +96,8 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
     if name.is_empty() {
         return Err(reject(&object, "metadata.name", "must be set"));
     }
-    if let Some(proxy) = svc
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL))
-    {
-        return Ok(Converted::Skipped(Skip::OtherProxy(proxy.clone())));
+    if let Some(skip) = not_for_a_proxy(&svc.metadata) {
+        return Ok(Converted::Skipped(skip));
     }
     let spec = svc
         .spec
@@ -364,6 +373,9 @@ pub fn convert_endpoint_slice(
     let object = format!("EndpointSlice {namespace}/{name}");
     if name.is_empty() {
         return Err(reject(&object, "metadata.name", "must be set"));
+    }
+    if let Some(skip) = not_for_a_proxy(&slice.metadata) {
+        return Ok(Converted::Skipped(skip));
     }
     let service = slice
         .metadata

@@ -12,6 +12,10 @@ use std::net::IpAddr;
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Services labelled with this belong to another proxy.
 pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// On a Service or an EndpointSlice: no proxy serves it (kube-proxy's informers
+/// select `!service.kubernetes.io/headless`, so one that gains the label is
+/// gone for it).
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -526,4 +526,40 @@ mod tests {
             .collect();
         assert_eq!(changed, ["a", "b"]);
     }
+
+    /// Upstream e2e `[sig-network] Services should implement
+    /// service.kubernetes.io/headless`: an EndpointSlice that gains the label
+    /// is gone for a proxy (kube-proxy's informers select it away), so its
+    /// Service is left without endpoints.
+    #[test]
+    fn an_endpoint_slice_labelled_headless_is_gone_for_its_service() {
+        let slice = |labels: &str| -> discovery::EndpointSlice {
+            serde_saphyr::from_str(&format!(
+                "metadata: {{name: a-1, namespace: default, labels: {{kubernetes.io/service-name: a{labels}}}}}\naddressType: IPv4\nports: [{{port: 8090}}]\nendpoints: [{{addresses: [10.244.1.5], conditions: {{ready: true}}}}]"
+            ))
+            .unwrap()
+        };
+        let mut store = ClusterStore::new("node-a");
+        store.apply(Update::Service(Delta::Applied(Box::new(service(
+            "a",
+            "10.96.0.1",
+        )))));
+        store.apply(Update::Slice(Delta::Applied(Box::new(slice("")))));
+        let endpoints = |store: &ClusterStore| {
+            store
+                .state()
+                .slices
+                .values()
+                .flat_map(|s| s.values())
+                .map(|s| s.endpoints.len())
+                .sum::<usize>()
+        };
+        assert_eq!(endpoints(&store), 1);
+        let out = store.apply(Update::Slice(Delta::Applied(Box::new(slice(
+            ", service.kubernetes.io/headless: ''",
+        )))));
+        assert_eq!(out.endpoint_changes, 1);
+        assert_eq!(endpoints(&store), 0);
+        assert!(out.rejected.is_empty());
+    }
 }

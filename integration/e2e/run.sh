@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Kubernetes' own end-to-end tests of Services (e2e.test v1.36.3, built here),
+# against the Service proxy of a kind cluster that integration/kind/up.sh made:
+#
+#   integration/e2e/run.sh [--proxy P] [--all] [NAME]   # KUBECONFIG names the cluster
+#
+# Without --all, the [Conformance] tests of the selection (the test command's);
+# with it, the whole selection (integration/e2e/selection.sh). One line per
+# test that ran, "kind: ok: P: e2e: TEST (N s)" or "kind: FAILED: P: e2e: …",
+# and one per test that skipped itself; the JUnit report and the log stay in
+# $E2E_OUT (default $KUBE_NFT_CACHE/e2e-results/PROXY-TIME, printed). Ginkgo
+# runs $E2E_PROCS tests at once (default 4: they mostly wait).
+set -euo pipefail
+proxy=kube-nft
+all=0
+while [ $# -gt 0 ]; do
+  case $1 in
+  --proxy) proxy=$2; shift 2 ;;
+  --all) all=1; shift ;;
+  *) break ;;
+  esac
+done
+name=${1:-kube-nft}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=integration/kind/lib.sh
+. "$here/../kind/lib.sh"
+# shellcheck source=integration/e2e/selection.sh
+. "$here/selection.sh"
+: "${KUBECONFIG:?names the kind cluster (integration/kind/test.sh sets it)}"
+focus=$E2E_CONFORMANCE_FOCUS
+[ "$all" = 0 ] || focus=$E2E_FOCUS
+out=${E2E_OUT:-${KUBE_NFT_CACHE:-/var/cache/kube-nft}/e2e-results/$proxy-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+bin=$(bash "$here/build.sh")
+k8s_bin=$(bash "$here/../k8s/build.sh")
+
+# The one image the selected tests run, under the name they ask for, in every
+# node: nothing is pulled (every pod's image is IfNotPresent).
+agnhost=$(bash "$kind_dir/local-images.sh" agnhost)
+"$(kind_bin)" load docker-image --name "$name" "$agnhost" >/dev/null 2>&1 ||
+  fail "$proxy: e2e: loading $agnhost into $name"
+
+log "$proxy: e2e: running $( [ "$all" = 1 ] && echo "the whole selection" || echo "its [Conformance] tests"), ${E2E_PROCS:-4} at a time; report in $out"
+started=$(date +%s)
+status=0
+PATH=$k8s_bin:$PATH "$bin/ginkgo" --procs="${E2E_PROCS:-4}" --timeout=3h --no-color --silence-skips \
+  --focus="$focus" --skip="$E2E_SKIP" "$bin/e2e.test" -- \
+  --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes=2 --report-dir="$out" \
+  --disable-log-dump=true --prepull-images=false >"$out/e2e.log" 2>&1 || status=$?
+[ -f "$out/junit_01.xml" ] || { tail -40 "$out/e2e.log" >&2; fail "$proxy: e2e: no report (ginkgo exited $status); log in $out/e2e.log"; }
+# Each test that ran, or skipped itself, as the count of the test command has it.
+python3 - "$out/junit_01.xml" "$proxy" <<'PYEOF'
+import sys, xml.etree.ElementTree as ET
+report, proxy = sys.argv[1], sys.argv[2]
+for case in ET.parse(report).iter("testcase"):
+    name = case.get("name", "")
+    if not name.startswith("[It] [sig-network] Services "):
+        continue
+    name = name[len("[It] "):]
+    status, secs = case.get("status"), float(case.get("time", 0))
+    skipped = case.find("skipped")
+    if status == "passed":
+        print(f"kind: ok: {proxy}: e2e: {name} ({secs:.0f} s)", file=sys.stderr)
+    elif status == "skipped":
+        why = skipped.get("message", "") if skipped is not None else ""
+        if why != "skipped":  # filtered out by focus or skip: not a run
+            print(f"kind: {proxy}: e2e: {name}: {why}", file=sys.stderr)
+    else:
+        print(f"kind: FAILED: {proxy}: e2e: {name} ({status}, {secs:.0f} s)", file=sys.stderr)
+PYEOF
+log "$proxy: e2e: $(($(date +%s) - started)) s (ginkgo exited $status)"
+exit "$status"

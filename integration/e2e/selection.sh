@@ -1,0 +1,12 @@
+# The upstream tests this project runs, in one place (sourced by run.sh): the
+# tests of `[sig-network] Services`, skipped as kube-proxy's own kind job for
+# nftables mode skips them (pull-kubernetes-e2e-kind-nftables in
+# kubernetes/test-infra, config/jobs/kubernetes/sig-network/sig-network-kind.yaml),
+# with `\[Serial\]` as kind's e2e-k8s.sh adds it to a parallel run. Ginkgo
+# matches these against "Kubernetes e2e suite [sig-network] Services …", so
+# they are not anchored.
+# shellcheck disable=SC2034
+E2E_FOCUS='\[sig-network\] Services '
+E2E_SKIP='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky|Networking-IPv6|IPv6DualStack|LocalhostNodePorts'
+# The [Conformance] tests among them: what the test command runs.
+E2E_CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]'
