@@ -67,29 +67,6 @@ pub struct KubeProxyFlags {
     #[arg(long, value_name = "GATES")]
     pub feature_gates: Option<String>,
 
-    /// Entries per CPU for nf_conntrack_max (default 32768; 0 leaves it and
-    /// ignores --conntrack-min).
-    #[arg(long, value_name = "N")]
-    pub conntrack_max_per_core: Option<u32>,
-    /// The least nf_conntrack_max, whatever the CPU count (default 131072).
-    #[arg(long, value_name = "N")]
-    pub conntrack_min: Option<u32>,
-    /// Sets nf_conntrack_tcp_be_liberal to 1.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    pub conntrack_tcp_be_liberal: Option<bool>,
-    /// Idle timeout of TCP connections in CLOSE_WAIT (default 1h; 0 leaves it).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
-    /// Idle timeout of established TCP connections (default 24h; 0 leaves it).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub conntrack_tcp_timeout_established: Option<Duration>,
-    /// Idle timeout of UDP flows not yet answered (default 0: leave it).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub conntrack_udp_timeout: Option<Duration>,
-    /// Idle timeout of answered UDP flows (default 0: leave it).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub conntrack_udp_timeout_stream: Option<Duration>,
-
     // Accepted only at the value that changes nothing, else refused.
     /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
     #[arg(long, value_name = "DURATION")]
@@ -176,15 +153,6 @@ impl KubeProxyFlags {
             .or(self.ipvs_min_sync_period)
             .or(self.iptables_min_sync_period);
         flags.oom_score_adj = flags.oom_score_adj.or(self.oom_score_adj);
-        flags.conntrack = super::ConntrackFlags {
-            max_per_core: self.conntrack_max_per_core,
-            min: self.conntrack_min,
-            tcp_established_timeout: self.conntrack_tcp_timeout_established,
-            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait,
-            tcp_be_liberal: self.conntrack_tcp_be_liberal,
-            udp_timeout: self.conntrack_udp_timeout,
-            udp_stream_timeout: self.conntrack_udp_timeout_stream,
-        };
         let ignored = [
             ("--config-sync-period", &self.config_sync_period),
             ("--kube-api-qps", &self.kube_api_qps),
@@ -219,21 +187,26 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// As `run` has them: its own flags beside kube-proxy's others.
     #[derive(Parser)]
     struct Cli {
+        #[command(flatten)]
+        flags: Flags,
         #[command(flatten)]
         kp: KubeProxyFlags,
     }
 
+    fn parse_both(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied())).unwrap()
+    }
+
     fn parse(args: &[&str]) -> KubeProxyFlags {
-        Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied()))
-            .unwrap()
-            .kp
+        parse_both(args).kp
     }
 
     #[test]
     fn kube_proxy_flags_are_taken_ignored_or_refused_by_name() {
-        let kp = parse(&[
+        let Cli { mut flags, kp } = parse_both(&[
             "--iptables-masquerade-bit=15",
             "--iptables-sync-period=1m",
             "--iptables-min-sync-period=2s",
@@ -245,7 +218,6 @@ mod tests {
             "--kube-api-qps=5",
             "--feature-gates=AllAlpha=false",
         ]);
-        let mut flags = Flags::default();
         let warnings = kp.apply(&mut flags).unwrap();
         assert_eq!(flags.masquerade_bit, Some(15));
         assert_eq!(flags.sync_period, Some(Duration::from_secs(60)));

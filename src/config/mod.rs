@@ -100,23 +100,38 @@ pub struct Flags {
     /// kube-proxy's `--oom-score-adj` (set through `KubeProxyFlags`).
     #[arg(skip)]
     pub oom_score_adj: Option<i32>,
-    /// kube-proxy's `--conntrack-*` (set through `KubeProxyFlags`).
-    #[arg(skip)]
+    #[command(flatten)]
     pub conntrack: ConntrackFlags,
     /// Count every Service port's packets and bytes (see `kube-nft top`).
     #[arg(long)]
     pub counters: bool,
 }
 
-/// kube-proxy's `--conntrack-*` flags; `None` where not given.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// kube-proxy's `--conntrack-*` flags (`conntrack_sysctls`); `None` where not
+/// given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct ConntrackFlags {
+    /// Entries per CPU for nf_conntrack_max (default 32768; 0 leaves it and
+    /// ignores --conntrack-min).
+    #[arg(long = "conntrack-max-per-core", value_name = "N")]
     pub max_per_core: Option<u32>,
+    /// The least nf_conntrack_max, whatever the CPU count (default 131072).
+    #[arg(long = "conntrack-min", value_name = "N")]
     pub min: Option<u32>,
+    /// Idle timeout of established TCP connections (default 24h; 0 leaves it).
+    #[arg(long = "conntrack-tcp-timeout-established", value_parser = parse_duration, value_name = "DURATION")]
     pub tcp_established_timeout: Option<Duration>,
+    /// Idle timeout of TCP connections in CLOSE_WAIT (default 1h; 0 leaves it).
+    #[arg(long = "conntrack-tcp-timeout-close-wait", value_parser = parse_duration, value_name = "DURATION")]
     pub tcp_close_wait_timeout: Option<Duration>,
+    /// Sets nf_conntrack_tcp_be_liberal to 1.
+    #[arg(long = "conntrack-tcp-be-liberal", value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub tcp_be_liberal: Option<bool>,
+    /// Idle timeout of UDP flows not yet answered (default 0: leave it).
+    #[arg(long = "conntrack-udp-timeout", value_parser = parse_duration, value_name = "DURATION")]
     pub udp_timeout: Option<Duration>,
+    /// Idle timeout of answered UDP flows (default 0: leave it).
+    #[arg(long = "conntrack-udp-timeout-stream", value_parser = parse_duration, value_name = "DURATION")]
     pub udp_stream_timeout: Option<Duration>,
 }
 
