@@ -257,8 +257,6 @@ fn in_a_pid_namespace_of_its_own_the_daemon_knows_its_own_commits() {
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
 }
 
-/// Opens one connection after another to `target` from `ns` until `stop` is set;
-/// returns how many were answered and what went wrong with the others.
 #[test]
 fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_garbled() {
     let c = Cluster::new("rewrite", &WEB_PODS, &[9376]);
@@ -399,21 +397,6 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
     assert!(!answers(c.client(), "10.96.0.10:80"));
 }
 
-/// Runs a command in `ns`, asserting success; its stdout.
-fn run_in(ns: &str, command: &[&str]) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(command)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{command:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Issue #30 item 5: `kube-nft cleanup --kube-proxy` removes what kube-proxy
 /// left, written here as kube-proxy writes it: its nftables mode's tables (with
 /// `nft`), and its iptables mode's chains and jumps (with iptables-nft and
@@ -439,7 +422,7 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
         "kube-proxy.nft",
         "table ip kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\ntable ip6 kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\n",
     );
-    run_in(c.node(), &["nft", "-f", leftovers.to_str().unwrap()]);
+    exec_in(c.node(), &["nft", "-f", leftovers.to_str().unwrap()]);
     let portals = ["-m", "comment", "--comment", "kubernetes service portals"];
     for args in [
         &["-t", "nat", "-N", "KUBE-SERVICES"][..],
@@ -486,19 +469,19 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
     ] {
         let mut command = vec!["iptables-nft"];
         command.extend(args);
-        run_in(c.node(), &command);
+        exec_in(c.node(), &command);
     }
     for chain in ["PREROUTING", "OUTPUT"] {
         let mut command = vec!["iptables-nft", "-t", "nat", "-A", chain];
         command.extend(portals);
         command.extend(["-j", "KUBE-SERVICES"]);
-        run_in(c.node(), &command);
+        exec_in(c.node(), &command);
     }
-    run_in(
+    exec_in(
         c.node(),
         &["ip6tables-nft", "-t", "nat", "-N", "KUBE-SERVICES"],
     );
-    run_in(
+    exec_in(
         c.node(),
         &[
             "ip6tables-nft",
@@ -510,38 +493,21 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
             "KUBE-SERVICES",
         ],
     );
-    let before = run_in(c.node(), &["iptables-nft-save"]);
+    let before = exec_in(c.node(), &["iptables-nft-save"]);
     assert!(before.contains("-A KUBE-SEP-WEB"), "{before}");
 
     // Requests all along, from before the cleanup to after it.
-    let (stop, client) = (Arc::new(AtomicBool::new(false)), c.client().to_string());
-    let asking = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut t = tally(&client, "10.96.0.10:80", 5, false);
-            while !stop.load(Ordering::Relaxed) {
-                let more = tally(&client, "10.96.0.10:80", 5, false);
-                t.errors.extend(more.errors);
-                for (k, v) in more.answers {
-                    *t.answers.entry(k).or_default() += v;
-                }
-            }
-            t
-        })
-    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let asking = keep_connecting(c.client(), "10.96.0.10:80", stop.clone());
     std::thread::sleep(Duration::from_millis(300));
     let out = kube_nft_in(c.node(), &["cleanup", "--kube-proxy"]);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    let t = asking.join().unwrap();
-    assert!(
-        t.errors.is_empty(),
-        "failed while cleaning up: {:?}",
-        t.errors
-    );
-    assert!(t.answers.values().sum::<usize>() >= 10, "{t:?}");
+    let (answered, failed) = asking.join().unwrap();
+    assert!(failed.is_empty(), "failed while cleaning up: {failed:?}");
+    assert!(answered >= 10, "{answered} answered");
     for line in [
         "removed kube-proxy's table ip kube-proxy, 7 iptables chains (ip nat, ip filter, ip mangle), 4 rules jumping to them",
         "removed kube-proxy's table ip6 kube-proxy, 1 iptables chains (ip6 nat), 1 rules jumping to them",
@@ -549,7 +515,7 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
         assert!(log.contains(line), "{line:?} not in:\n{log}");
     }
 
-    let after = run_in(c.node(), &["iptables-nft-save"]);
+    let after = exec_in(c.node(), &["iptables-nft-save"]);
     let kube: Vec<&str> = after.lines().filter(|l| l.contains("KUBE-")).collect();
     assert_eq!(
         kube,
@@ -557,8 +523,8 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
         "only the kubelet's chain stays:\n{after}"
     );
     assert!(after.contains("-A PREROUTING -j DOCKER"), "{after}");
-    assert!(!run_in(c.node(), &["ip6tables-nft-save"]).contains("KUBE-"));
-    let tables = run_in(c.node(), &["nft", "list", "tables"]);
+    assert!(!exec_in(c.node(), &["ip6tables-nft-save"]).contains("KUBE-"));
+    let tables = exec_in(c.node(), &["nft", "list", "tables"]);
     assert!(!tables.contains("kube-proxy"), "{tables}");
     assert!(tables.contains("kube-nft"), "{tables}");
     assert!(answers(c.client(), "10.96.0.10:80"));
