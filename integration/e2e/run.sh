@@ -49,24 +49,6 @@ PATH=$k8s_bin:$PATH "$bin/ginkgo" --procs="${E2E_PROCS:-4}" --timeout=3h --no-co
   --disable-log-dump=true --prepull-images=false >"$out/e2e.log" 2>&1 || status=$?
 [ -f "$out/junit_01.xml" ] || { tail -40 "$out/e2e.log" >&2; fail "$proxy: e2e: no report (ginkgo exited $status); log in $out/e2e.log"; }
 # Each test that ran, or skipped itself, as the count of the test command has it.
-python3 - "$out/junit_01.xml" "$proxy" <<'PYEOF'
-import sys, xml.etree.ElementTree as ET
-report, proxy = sys.argv[1], sys.argv[2]
-for case in ET.parse(report).iter("testcase"):
-    name = case.get("name", "")
-    if not name.startswith("[It] [sig-network] Services "):
-        continue
-    name = name[len("[It] "):]
-    status, secs = case.get("status"), float(case.get("time", 0))
-    skipped = case.find("skipped")
-    if status == "passed":
-        print(f"kind: ok: {proxy}: e2e: {name} ({secs:.0f} s)", file=sys.stderr)
-    elif status == "skipped":
-        why = skipped.get("message", "") if skipped is not None else ""
-        if why != "skipped":  # filtered out by focus or skip: not a run
-            print(f"kind: {proxy}: e2e: {name}: {why}", file=sys.stderr)
-    else:
-        print(f"kind: FAILED: {proxy}: e2e: {name} ({status}, {secs:.0f} s)", file=sys.stderr)
-PYEOF
+python3 "$here/report.py" lines "$out" "$proxy"
 log "$proxy: e2e: $(($(date +%s) - started)) s (ginkgo exited $status)"
 exit "$status"

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""The table of docs/CONFORMANCE.md from two runs of integration/e2e/run.sh:
+"""What the JUnit report of integration/e2e/run.sh says, read in one place:
 
-    integration/e2e/compare.py KUBE_NFT_REPORT_DIR KUBE_PROXY_REPORT_DIR
+    integration/e2e/report.py lines DIR PROXY       # one line per test, as the test command counts them
+    integration/e2e/report.py table KUBE_NFT_DIR KUBE_PROXY_DIR   # docs/CONFORMANCE.md's table
 
-One row per test of the selection that ran against either proxy: each proxy's
-result and the seconds it took, and a last line of totals. Tests the run
-filtered out are left out; a test that skipped itself says why.
+Only the tests of `[sig-network] Services` that ran or skipped themselves
+count: the ones focus and skip filtered out are left out.
 """
 import sys
 import xml.etree.ElementTree as ET
@@ -14,6 +14,8 @@ PREFIX = "[It] [sig-network] Services "
 
 
 def results(report_dir):
+    """Test name (after "[sig-network] Services ") -> (status, seconds);
+    a test that skipped itself has its reason as status."""
     out = {}
     for case in ET.parse(f"{report_dir}/junit_01.xml").iter("testcase"):
         name = case.get("name", "")
@@ -25,13 +27,24 @@ def results(report_dir):
         if status == "skipped" and why == "skipped":
             continue  # not selected
         if status == "skipped":
-            status = why.replace("|", "/")
+            status = why
         out[name[len(PREFIX):]] = (status, secs)
     return out
 
 
-def main():
-    ours, theirs = results(sys.argv[1]), results(sys.argv[2])
+def lines(report_dir, proxy):
+    for name, (status, secs) in sorted(results(report_dir).items()):
+        full = f"[sig-network] Services {name}"
+        if status == "passed":
+            print(f"kind: ok: {proxy}: e2e: {full} ({secs:.0f} s)", file=sys.stderr)
+        elif status.startswith("skipped"):
+            print(f"kind: {proxy}: e2e: {full}: {status}", file=sys.stderr)
+        else:
+            print(f"kind: FAILED: {proxy}: e2e: {full} ({status}, {secs:.0f} s)", file=sys.stderr)
+
+
+def table(ours_dir, theirs_dir):
+    ours, theirs = results(ours_dir), results(theirs_dir)
     print("| test (`[sig-network] Services …`) | kube-nft | s | kube-proxy | s |")
     print("|---|---|---|---|---|")
     totals = {"kube-nft": [0, 0.0], "kube-proxy": [0, 0.0]}
@@ -39,7 +52,7 @@ def main():
         row = [name.replace("|", "/")]
         for who, r in (("kube-nft", ours.get(name)), ("kube-proxy", theirs.get(name))):
             status, secs = r if r else ("not run", 0.0)
-            row += [status, f"{secs:.0f}"]
+            row += [status.replace("|", "/"), f"{secs:.0f}"]
             totals[who][0] += status == "passed"
             totals[who][1] += secs
         print("| " + " | ".join(row) + " |")
@@ -51,4 +64,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "lines":
+        lines(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 4 and sys.argv[1] == "table":
+        table(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
