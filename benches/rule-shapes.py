@@ -8,6 +8,9 @@ default), in one of three rule shapes, to time with `nft -f` in an empty namespa
               endpoint (what kube-nft writes)
   named-map   one chain and one named `numgen` map per Service
   shared-map  one chain per Service, all looking up one map per table at an offset
+  by-count    no chain or map per Service: per table, one chain and one map per
+              endpoint count, the map keyed by the Service's address, protocol,
+              port and slot; the dispatch element goes to the chain of its count
 
     benches/rule-shapes.py cascade 10000 [TABLES] > /tmp/c.nft
     ip netns add t && time ip netns exec t nft -f /tmp/c.nft; ip netns del t
@@ -24,7 +27,7 @@ def addr(base, i):
 def main():
     shape, services = sys.argv[1], int(sys.argv[2])
     tables = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    if shape not in ("cascade", "named-map", "shared-map"):
+    if shape not in ("cascade", "named-map", "shared-map", "by-count"):
         sys.exit(f"unknown shape {shape}")
     body, elements = [], []
     for t in range(tables):
@@ -33,6 +36,15 @@ def main():
         body.append("  map service-ips { type ipv4_addr . inet_proto . inet_service : verdict; }")
         if shape == "shared-map":
             body.append("  map endpoints { typeof numgen random mod 1 : ip daddr . tcp dport; }")
+        if shape == "by-count":
+            body.append(
+                f"  map cluster-{ENDPOINTS} {{ typeof ip daddr . meta l4proto . th dport . "
+                "numgen random mod 1 : ip daddr . tcp dport; }"
+            )
+            body.append(
+                f"  chain pick-{ENDPOINTS} {{ meta l4proto tcp dnat ip to ip daddr . meta l4proto . "
+                f"th dport . numgen random mod {ENDPOINTS} map @cluster-{ENDPOINTS}; }}"
+            )
         body.append(
             "  chain pre { type nat hook prerouting priority -99; policy accept; "
             "ip daddr . meta l4proto . th dport vmap @service-ips; }"
@@ -41,6 +53,15 @@ def main():
         for i in range(t, services, tables):
             chain = f"svc-{i:05d}"
             eps = [addr(128, i * ENDPOINTS + k) for k in range(ENDPOINTS)]
+            if shape == "by-count":
+                vip = addr(96, i)
+                elements.append(
+                    f"add element ip {table} cluster-{ENDPOINTS} {{ "
+                    + ", ".join(f"{vip} . tcp . 80 . {k} : {a} . 8080" for k, a in enumerate(eps))
+                    + " }"
+                )
+                dispatch.append(f"{vip} . tcp . 80 : goto pick-{ENDPOINTS}")
+                continue
             if shape == "cascade":
                 rules = [
                     f"meta l4proto tcp numgen random mod {ENDPOINTS - k} 0 dnat to {a}:8080"

@@ -27,14 +27,9 @@ fn nft_in(ns: &str, cmd: &str) {
 #[test]
 fn drift_is_repaired_from_nftables_notifications() {
     let (c, _, d) = serve_web_on_notifications_only("drift");
-    let (table, chain) = find_chain(c.node(), "svc-").expect("the Service's chain");
-    let listing = nft_list(c.node());
-    let map = listing
-        .split("map @ep-")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(|hash| format!("ep-{hash}"))
-        .expect("the Service's endpoint map");
+    // Three endpoints: the Service table's `pick-3`, over `endpoints-3-4`.
+    let (table, chain) = find_chain(c.node(), "pick-3").expect("the pick chain of 3");
+    let slot2 = "10.96.0.10 . tcp . 80 . 2 : 10.244.0.13 . 9376".to_string();
     for (what, cmd, restored) in [
         (
             "an element deleted",
@@ -42,19 +37,20 @@ fn drift_is_repaired_from_nftables_notifications() {
             "10.96.0.10 . tcp . 80".to_string(),
         ),
         (
-            "an endpoint deleted from the Service's map",
-            format!("delete element {table} {map} {{ 2 }}"),
-            "2 : 10.244.0.13 . 9376".to_string(),
+            "an endpoint deleted from the endpoint map",
+            format!("delete element {table} endpoints-3-4 {{ 10.96.0.10 . tcp . 80 . 2 }}"),
+            slot2.clone(),
         ),
         (
-            "a Service chain flushed",
+            "a pick chain flushed",
             format!("flush chain {table} {chain}"),
-            format!("dnat ip to numgen random mod 3 map @{map}"),
+            "dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 3 map @endpoints-3-4"
+                .to_string(),
         ),
         (
             "the Service's table deleted",
             format!("delete table {table}"),
-            "2 : 10.244.0.13 . 9376".to_string(),
+            slot2.clone(),
         ),
         (
             "the main table deleted",
@@ -64,7 +60,7 @@ fn drift_is_repaired_from_nftables_notifications() {
         (
             "the whole ruleset flushed (`nft flush ruleset`)",
             "flush ruleset".to_string(),
-            "2 : 10.244.0.13 . 9376".to_string(),
+            slot2.clone(),
         ),
     ] {
         nft_in(c.node(), &cmd);
@@ -99,7 +95,7 @@ fn drift_is_repaired_from_nftables_notifications() {
 #[test]
 fn a_notification_socket_that_overflowed_leads_to_a_full_resync() {
     let (c, _, d) = serve_web_on_notifications_only("enobufs");
-    let (table, _) = find_chain(c.node(), "svc-").expect("the Service's chain");
+    let (table, _) = find_chain(c.node(), "pick-3").expect("the pick chain of 3");
     let elements: Vec<String> = (0..100_000)
         .map(|i| format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256))
         .collect();

@@ -10,6 +10,7 @@ use kube_nft::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
 use kube_nft::netlink::NftSocket;
 use kube_nft::netns::{in_netns, Netns};
 use kube_nft::nft::kernel;
+use kube_nft::nft::pick::EndpointMap;
 use kube_nft::ruleset::Ruleset;
 use kube_nft::source::files::parse;
 use kube_nft::text;
@@ -432,9 +433,17 @@ fn parity_with_the_ipvs_backend_table() {
     );
 }
 
-/// The nft of Debian 11 (0.9.8) and 13 (1.1.x), from the chroots that
-/// `integration/nft-versions/chroots.sh` builds (install-deps runs it).
-const OTHER_NFTS: [&str; 2] = ["bullseye", "trixie"];
+/// The nft of Debian 13 (1.1.x), from the chroot that
+/// `integration/nft-versions/chroots.sh` builds (install-deps runs it), beside
+/// the host's (Debian 12's 1.0.6). Not Debian 11's 0.9.8: see `NFT_0_9_8`.
+const OTHER_NFTS: [&str; 1] = ["trixie"];
+
+/// Why the nft of Debian 11 cannot list our tables (it still writes its own
+/// beside them in `other_nft_versions_tables_beside_ours…`).
+const NFT_0_9_8: &str = "nft 0.9.8 aborts (`concat_expr_msort_value: Assertion ilen > 0`) \
+     on a map whose concatenated key has a `numgen` field, as the endpoint maps' keys do; \
+     kube-proxy's nftables mode requires nft 1.0.1 and kernel 5.13 for the same kind of \
+     reason (its own tables make nft 0.9.8 unusable), and Debian 11 ships neither";
 
 #[test]
 fn older_and_newer_nft_read_what_we_program() {
@@ -460,8 +469,15 @@ fn older_and_newer_nft_read_what_we_program() {
             sets.chain(t.chains.iter().map(|c| c.name.as_str()))
         })
         .collect();
-    let endpoint_maps = names.iter().filter(|n| n.starts_with("ep-")).count();
-    assert!(endpoint_maps >= 4, "the parity Services have endpoint maps");
+    let endpoint_maps: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| EndpointMap::of_name(n).is_some())
+        .collect();
+    assert!(
+        endpoint_maps.len() >= 4,
+        "the parity Services have endpoint maps"
+    );
     let host = exec_in(&ns.name, &["nft", "list", "ruleset"]);
     for suite in OTHER_NFTS {
         let root = format!("/var/cache/kube-nft/chroots/{suite}");
@@ -480,18 +496,21 @@ fn older_and_newer_nft_read_what_we_program() {
         for name in &names {
             assert!(listing.contains(name), "{suite}'s nft does not list {name}");
         }
-        // Each endpoint map is listed with its type and used by its rule; 0.9.8
-        // prints the rule as `dnat ip addr . port to numgen … map @ep-…`.
+        // Each endpoint map is listed with its type, and used by the three
+        // rules (a protocol each) of its pick chain.
         assert_eq!(
-            listing.matches("typeof numgen random mod 1 : ").count(),
-            endpoint_maps,
+            listing.matches(" . numgen random mod 1 : ").count(),
+            endpoint_maps.len(),
             "{suite}:\n{listing}"
         );
-        assert_eq!(
-            listing.matches(" map @ep-").count(),
-            endpoint_maps,
-            "{suite}:\n{listing}"
-        );
+        for map in &endpoint_maps {
+            let tables = endpoint_maps.iter().filter(|m| *m == map).count();
+            assert_eq!(
+                listing.matches(&format!(" map @{map}\n")).count(),
+                3 * tables,
+                "{suite}: {map}:\n{listing}"
+            );
+        }
         // Apart from how each version prints the same thing, the listings are
         // identical, word for word.
         let (ours, theirs) = (printed_alike(&host), printed_alike(&listing));
@@ -566,7 +585,7 @@ fn other_nft_versions_tables_beside_ours_break_neither_readback_nor_sync() {
     use common::foreign_tables::{beside_ours, Writer};
     // Oldest first.
     let writers = [
-        Writer::chroot("bullseye"),
+        Writer::chroot("bullseye").not_reading_ours(NFT_0_9_8),
         Writer::host(),
         Writer::chroot("trixie").breaking_older(
             "nft 0.9.8 and Debian's 1.0.6 crash (SIGSEGV) on the user data nft 1.1.3 writes \

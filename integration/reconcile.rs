@@ -227,6 +227,14 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
         ),
         ("add a Service", Box::new(|p| add_service(p, 40, 3))),
         (
+            "an endpoint count no Service had (a new pick chain and map)",
+            endpoints(8, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+        ),
+        (
+            "and back (the chain and map go, unless another Service has the count)",
+            endpoints(8, &[0, 1, 2, 3]),
+        ),
+        (
             "two Services share an endpoint address",
             Box::new(|p| p.update(&service_key(5), |s| set_endpoints(s, 5, &[endpoint(6, 0)]))),
         ),
@@ -245,12 +253,21 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
         ),
         ("session affinity turned off", affinity(None)),
         (
-            "a NodePort with a Local policy (external-, svc- and local- chains)",
+            "a NodePort and an external IP (masquerade-pick chains)",
+            Box::new(|p| {
+                p.update(&service_key(9), |s| {
+                    let svc = s.services.get_mut(&service_key(9)).unwrap();
+                    svc.ports[0].node_port = Some(30009);
+                    svc.external_ips = vec!["192.0.2.9".parse().unwrap()];
+                })
+            }),
+        ),
+        (
+            "a Local policy (the port's external- and nodeport- chains, local picks)",
             Box::new(|p| {
                 p.update(&service_key(9), |s| {
                     let svc = s.services.get_mut(&service_key(9)).unwrap();
                     svc.external_policy_local = true;
-                    svc.ports[0].node_port = Some(30009);
                 })
             }),
         ),
@@ -449,16 +466,9 @@ fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
     add_service(p, 1, 2);
     p.sync().unwrap();
     let table = TableId::shard(Family::Ip, shard_of(&service_key(1)));
-    let chain = h
-        .read_table(table)
-        .chains
-        .iter()
-        .find(|c| c.name.starts_with("svc-"))
-        .unwrap()
-        .name
-        .clone();
+    let chain = "pick-2";
     let mut batch = Batch::new();
-    batch.delete_chain(Family::Ip, table.name(), &chain);
+    batch.delete_chain(Family::Ip, table.name(), chain);
     let err = h.commit(batch).unwrap_err();
     assert!(err.to_string().contains("busy"), "{err}");
     assert!(p.verify().unwrap(), "the refused delete changed nothing");

@@ -384,12 +384,18 @@ impl<'a> Walk<'a> {
                     self.dnat = true;
                     return Ok(Flow::Accept);
                 }
-                Stmt::DnatNumgenMap { modulus, map } => {
+                Stmt::DnatPick {
+                    fields,
+                    modulus,
+                    map,
+                } => {
                     let slot = self.pick_slot(*modulus)?;
+                    let mut key = self.key(fields);
+                    key.push(KeyValue::Slot(slot));
                     let endpoint = self
                         .table
                         .set(map)
-                        .and_then(|m| m.elements.iter().find(|e| e.key == [KeyValue::Slot(slot)]));
+                        .and_then(|m| m.elements.iter().find(|e| e.key == key));
                     let Some(Mapped::Endpoint(addr, port)) =
                         endpoint.and_then(|e| e.value.as_ref())
                     else {
@@ -513,7 +519,13 @@ impl<'a> Walk<'a> {
         if set.timeout.is_some() {
             return None;
         }
-        let key: Vec<KeyValue> = fields
+        let key = self.key(fields);
+        set.elements.iter().find(|e| e.key == key)
+    }
+
+    /// The packet's values of `fields`, as a set key.
+    fn key(&self, fields: &[Field]) -> Vec<KeyValue> {
+        fields
             .iter()
             .map(|f| match f {
                 Field::Saddr | Field::Daddr => KeyValue::Addr(self.addr(*f)),
@@ -522,8 +534,7 @@ impl<'a> Walk<'a> {
                 // Only reply-direction rules read the source port.
                 Field::Sport => KeyValue::Port(0),
             })
-            .collect();
-        set.elements.iter().find(|e| e.key == key)
+            .collect()
     }
 }
 

@@ -192,10 +192,11 @@ pub enum MapData {
     Verdict,
     /// The name of a counter object (an object map: `type K : counter`).
     Counter,
-    /// An endpoint, address and port, to DNAT to: the data of a Service port's
-    /// endpoint map (`typeof numgen random mod 1 : ip daddr . tcp dport`). The
-    /// protocol only names the port's header in the listing.
-    Endpoint(Family, Protocol),
+    /// An endpoint, address and port, to DNAT to: the data of an endpoint map
+    /// (`typeof … : ip daddr . th dport`), whose key is a Service port's entry
+    /// and a slot (`ip daddr . meta l4proto . th dport . numgen random mod 1`, or
+    /// `meta l4proto . th dport . numgen random mod 1` for NodePorts).
+    Endpoint(Family),
 }
 
 /// A named set, or a map when `data` says what its elements map to.
@@ -430,9 +431,11 @@ pub enum Stmt {
         addr: IpAddr,
         port: u16,
     },
-    /// `dnat ip to numgen random mod N map @MAP`: DNAT to the endpoint in slot
-    /// `numgen random mod N` of an endpoint map; needs an `L4Proto` match earlier.
-    DnatNumgenMap {
+    /// `dnat ip to ip daddr . meta l4proto . th dport . numgen random mod N map
+    /// @MAP`: DNAT to the endpoint the map holds for the packet's `fields` and
+    /// the slot `numgen random mod N`; needs an `L4Proto` match earlier.
+    DnatPick {
+        fields: Vec<Field>,
         modulus: u32,
         map: String,
     },

@@ -6,7 +6,7 @@
 
 use crate::core::net::Family;
 use crate::ruleset::{
-    Chain, Direction, Element, Field, Hook, MapData, NamedCounter, Rule, Set, Stmt, Table,
+    Chain, Direction, Element, Field, Hook, KeyType, MapData, NamedCounter, Rule, Set, Stmt, Table,
     DYNAMIC_SET_SIZE,
 };
 use std::fmt::Write;
@@ -69,10 +69,15 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
             Family::Ip => format!("dnat to {addr}:{port}"),
             Family::Ip6 => format!("dnat to [{addr}]:{port}"),
         },
-        Stmt::DnatNumgenMap { modulus, map } => {
+        Stmt::DnatPick {
+            fields: fs,
+            modulus,
+            map,
+        } => {
             format!(
-                "dnat {} to numgen random mod {modulus} map @{map}",
-                family.keyword()
+                "dnat {} to {} . numgen random mod {modulus} map @{map}",
+                family.keyword(),
+                fields(family, fs)
             )
         }
         Stmt::Masquerade { fully_random: true } => "masquerade fully-random".to_string(),
@@ -91,12 +96,18 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
 }
 
 pub fn rule(family: Family, r: &Rule) -> String {
-    let mut out = r
-        .stmts
-        .iter()
-        .map(|s| stmt(family, s))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let mut out = match r.stmts.as_slice() {
+        // nft folds the protocol match into the port it guards: `meta l4proto
+        // tcp` … `th dport` lists as `tcp dport`.
+        [Stmt::L4Proto(p), pick @ Stmt::DnatPick { .. }] => {
+            stmt(family, pick).replace("th dport", &format!("{p} dport"))
+        }
+        stmts => stmts
+            .iter()
+            .map(|s| stmt(family, s))
+            .collect::<Vec<_>>()
+            .join(" "),
+    };
     if let Some(c) = &r.comment {
         write!(out, " comment {}", quote(c)).unwrap();
     }
@@ -147,12 +158,21 @@ fn write_set(out: &mut String, s: &Set) {
     match s.data {
         Some(MapData::Verdict) => writeln!(out, "\t\ttype {key} : verdict").unwrap(),
         Some(MapData::Counter) => writeln!(out, "\t\ttype {key} : counter").unwrap(),
-        Some(MapData::Endpoint(family, protocol)) => writeln!(
-            out,
-            "\t\ttypeof numgen random mod 1 : {} daddr . {protocol} dport",
-            family.keyword()
-        )
-        .unwrap(),
+        Some(MapData::Endpoint(family)) => {
+            let fields: Vec<&str> = s
+                .key
+                .iter()
+                .map(|k| match k {
+                    KeyType::Ipv4Addr | KeyType::Ipv6Addr => "daddr",
+                    KeyType::InetProto => "meta l4proto",
+                    KeyType::InetService => "th dport",
+                    KeyType::Slot => "numgen random mod 1",
+                })
+                .collect();
+            let kw = family.keyword();
+            let key = fields.join(" . ").replace("daddr", &format!("{kw} daddr"));
+            writeln!(out, "\t\ttypeof {key} : {kw} daddr . th dport").unwrap()
+        }
         None => writeln!(out, "\t\ttype {key}").unwrap(),
     }
     if let Some(t) = s.timeout {

@@ -17,6 +17,8 @@ pub struct Writer {
     root: Option<PathBuf>,
     /// Why an older nft cannot read what this one writes, if it cannot.
     pub breaks_older_nft: Option<&'static str>,
+    /// Why this nft cannot read our tables, if it cannot: then it only writes.
+    pub cannot_read_ours: Option<&'static str>,
 }
 
 impl Writer {
@@ -25,6 +27,7 @@ impl Writer {
             label: "host",
             root: None,
             breaks_older_nft: None,
+            cannot_read_ours: None,
         }
     }
 
@@ -40,12 +43,20 @@ impl Writer {
             label: suite,
             root: Some(root),
             breaks_older_nft: None,
+            cannot_read_ours: None,
         }
     }
 
     /// An nft whose tables older nft versions crash on.
     pub fn breaking_older(mut self, why: &'static str) -> Writer {
         self.breaks_older_nft = Some(why);
+        self
+    }
+
+    /// An nft too old to list our tables: it writes beside them, and lists
+    /// nothing here.
+    pub fn not_reading_ours(mut self, why: &'static str) -> Writer {
+        self.cannot_read_ours = Some(why);
         self
     }
 
@@ -153,8 +164,8 @@ pub fn routed_links(ns: &str) -> Vec<String> {
 /// Each writer in turn (oldest nft first) writes its tables beside ours while
 /// `kube-nft run` serves a Service; after each, the Service answers, a change
 /// to it syncs, and every writer so far lists the whole ruleset (but for an
-/// older nft that a newer one's tables crash: `breaks_older_nft`, said
-/// aloud). Then, with every table written: the daemon took none of it for
+/// older nft that a newer one's tables crash, `breaks_older_nft`, or that
+/// cannot read ours, `cannot_read_ours`: each said aloud). Then, with every table written: the daemon took none of it for
 /// drift; a change still syncs; a new full sync reads every table back and has
 /// nothing to write; `explain` reads ours from the kernel; and the other
 /// tools' tables list as they did before all that.
@@ -196,6 +207,10 @@ pub fn beside_ours(tag: &str, writers: &[Writer], flowtable: bool) {
         }
         change_and_back(&format!("after {}'s tables", w.label));
         for (j, reader) in writers[..=i].iter().enumerate() {
+            if let Some(why) = reader.cannot_read_ours {
+                println!("{} does not list our tables: {why}", reader.label);
+                continue;
+            }
             if let Some(why) = writers[j + 1..=i].iter().find_map(|w| w.breaks_older_nft) {
                 println!(
                     "{} does not list the ruleset once {} wrote to it: {why}",

@@ -187,8 +187,9 @@ pub const BYTEORDER_HOST_ENDIAN: u32 = 1;
 pub const BYTEORDER_BIG_ENDIAN: u32 = 2;
 /// nft's `EXPR_CONCAT`, recorded as the "typeof" of a concatenated key.
 pub const EXPR_CONCAT: u32 = 13;
-/// nft's `EXPR_PAYLOAD` and `EXPR_NUMGEN`, recorded in a "typeof".
+/// nft's `EXPR_PAYLOAD`, `EXPR_META` and `EXPR_NUMGEN`, recorded in a "typeof".
 pub const EXPR_PAYLOAD: u32 = 7;
+pub const EXPR_META: u32 = 9;
 pub const EXPR_NUMGEN: u32 = 23;
 pub const TYPE_BITS: u32 = 6;
 

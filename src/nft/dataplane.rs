@@ -9,7 +9,6 @@ use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
 use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
-use crate::nft::view::Elements;
 use crate::ruleset::Ruleset;
 
 pub struct NftDataplane<K = NftSocket> {
@@ -78,12 +77,6 @@ impl<K: NftKernel> NftDataplane<K> {
         for (table, chain) in self.footprints.chains_of(changed) {
             let rules = self.kernel.read_chain_rules(*table, chain)?;
             reread.chains.insert((*table, chain.clone()), rules);
-        }
-        for (table, map) in self.footprints.maps_of(changed) {
-            let elements = self.kernel.read_set_elements(*table, map)?;
-            reread
-                .maps
-                .insert((*table, map.clone()), Elements::new(elements));
         }
         let (plan, change) = self.footprints.plan_partial(reread, changed, state, config);
         let committed = self.commit(plan)?;

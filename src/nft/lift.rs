@@ -202,17 +202,6 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
             },
             2,
         ),
-        [Numgen { modulus, .. }, Lookup {
-            set,
-            dreg: Some(REG_1),
-            ..
-        }, Dnat { .. }, ..] => (
-            Stmt::DnatNumgenMap {
-                modulus: *modulus,
-                map: set.clone(),
-            },
-            3,
-        ),
         [Immediate {
             data: Data::Value(addr),
             ..
@@ -252,7 +241,8 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
 }
 
 /// A key loaded field by field, then what uses it: a set, a verdict map, a
-/// dynamic set's update or a counter map.
+/// dynamic set's update, a counter map, or (with a slot after it) an endpoint
+/// map that a DNAT reads.
 fn lift_lookup(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
     let mut fields = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
@@ -285,6 +275,22 @@ fn lift_lookup(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
                 continue;
             }
             _ if fields.is_empty() => return None,
+            Expr::Numgen { modulus, .. } => {
+                let [Expr::Lookup {
+                    set,
+                    dreg: Some(REG_1),
+                    ..
+                }, Expr::Dnat { .. }, ..] = &exprs[i + 1..]
+                else {
+                    return None;
+                };
+                let pick = Stmt::DnatPick {
+                    fields,
+                    modulus: *modulus,
+                    map: set.clone(),
+                };
+                return Some((pick, i + 3));
+            }
             Expr::Lookup {
                 set, dreg: None, ..
             } => Stmt::InSet {
@@ -356,11 +362,7 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
     } else if k.data_type == Some(DATA_TYPE_VERDICT) {
         vec![Some(MapData::Verdict)]
     } else {
-        // An endpoint map's protocol is only in its "typeof": try each.
-        Protocol::ALL
-            .into_iter()
-            .map(|p| Some(MapData::Endpoint(family, p)))
-            .collect()
+        vec![Some(MapData::Endpoint(family))]
     };
     let concatenated = key.len() > 1;
     let elements = k

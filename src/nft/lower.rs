@@ -6,7 +6,7 @@
 //! rules as if `nft -f` had loaded them. Readback decodes the kernel into the same
 //! `Kernel*` types, which is what makes desired and actual comparable.
 
-use crate::core::net::{Family, Protocol};
+use crate::core::net::Family;
 use crate::netlink::expr::{
     reg32, CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, FIB_F_SADDR, FIB_RESULT_ADDRTYPE,
     NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, REG_1, REG_2, REG_VERDICT,
@@ -66,14 +66,14 @@ pub fn lower_set(set: &Set) -> KernelSet {
     udata_tlv(&mut ud, UDATA_SET_KEYBYTEORDER, &key_order.to_ne_bytes());
     let verdict_map = set.data == Some(MapData::Verdict);
     let endpoints = match set.data {
-        Some(MapData::Endpoint(family, protocol)) => Some((family, protocol)),
+        Some(MapData::Endpoint(family)) => Some(family),
         _ => None,
     };
     if verdict_map || endpoints.is_some() {
         udata_tlv(&mut ud, UDATA_SET_DATABYTEORDER, &0u32.to_ne_bytes());
     }
-    if let Some((family, protocol)) = endpoints {
-        endpoint_map_typeof(&mut ud, family, protocol);
+    if let Some(family) = endpoints {
+        endpoint_map_typeof(&mut ud, family, &set.key);
     } else if set.key.len() > 1 {
         // A nest: TYPEOF_EXPR = EXPR_CONCAT, then an empty TYPEOF_DATA.
         let mut nest = Vec::new();
@@ -103,14 +103,13 @@ pub fn lower_set(set: &Set) -> KernelSet {
         key_len,
         data_type: match set.data {
             Some(MapData::Verdict) => Some(DATA_TYPE_VERDICT),
-            Some(MapData::Endpoint(family, _)) => {
+            Some(MapData::Endpoint(family)) => {
                 Some((family.addr_type().type_id() << TYPE_BITS) | KeyType::InetService.type_id())
             }
             _ => None,
         },
-        data_len: endpoints.map(|(family, _)| {
-            padded(family.addr_type().size()) + padded(KeyType::InetService.size())
-        }),
+        data_len: endpoints
+            .map(|family| padded(family.addr_type().size()) + padded(KeyType::InetService.size())),
         obj_type: (set.data == Some(MapData::Counter)).then_some(OBJECT_COUNTER),
         timeout_ms: set.timeout.map(|t| t as u64 * 1000),
         size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
@@ -119,11 +118,12 @@ pub fn lower_set(set: &Set) -> KernelSet {
     }
 }
 
-/// What `nft` records of `typeof numgen random mod 1 : ip daddr . tcp dport`:
-/// the key's expression (numgen, type random, modulus 1, offset 0) and the
-/// data's (a concatenation of two payload fields, each as nft's protocol
-/// description and field ids), so that `nft list` prints the map that way.
-fn endpoint_map_typeof(ud: &mut Vec<u8>, family: Family, protocol: Protocol) {
+/// What `nft` records of an endpoint map's `typeof ip daddr . meta l4proto .
+/// th dport . numgen random mod 1 : ip daddr . th dport`: each field of the key
+/// and of the data as the expression it was declared with (payload fields as
+/// nft's protocol description and field ids; `meta` by key; `numgen` as type
+/// random, modulus 1, offset 0), so that `nft list` prints the map that way.
+fn endpoint_map_typeof(ud: &mut Vec<u8>, family: Family, key: &[KeyType]) {
     let u32s = |fields: &[u32]| {
         let mut out = Vec::new();
         for (i, v) in fields.iter().enumerate() {
@@ -137,29 +137,33 @@ fn endpoint_map_typeof(ud: &mut Vec<u8>, family: Family, protocol: Protocol) {
         udata_tlv(&mut out, 1, data);
         out
     };
-    // nft's proto_desc ids and header field ids.
-    let (addr_desc, daddr) = match family {
-        Family::Ip => (12, 12),
-        Family::Ip6 => (13, 9),
+    let concat = |exprs: Vec<Vec<u8>>| {
+        let mut fields = Vec::new();
+        for (i, e) in exprs.iter().enumerate() {
+            udata_tlv(&mut fields, i as u8, e);
+        }
+        typeof_expr(EXPR_CONCAT, &fields)
     };
-    let l4_desc = match protocol {
-        Protocol::Tcp => 8,
-        Protocol::Udp => 6,
-        Protocol::Sctp => 10,
+    // nft's proto_desc ids and header field ids: the address family's daddr,
+    // and `th` (any transport header) dport.
+    let daddr = match family {
+        Family::Ip => typeof_expr(EXPR_PAYLOAD, &u32s(&[12, 12])),
+        Family::Ip6 => typeof_expr(EXPR_PAYLOAD, &u32s(&[13, 9])),
     };
+    let dport = typeof_expr(EXPR_PAYLOAD, &u32s(&[11, 2]));
+    const META_L4PROTO: u32 = 16;
     const RANDOM: u32 = 1;
-    let key = typeof_expr(EXPR_NUMGEN, &u32s(&[RANDOM, 1, 0]));
-    udata_tlv(ud, UDATA_SET_KEY_TYPEOF, &key);
-    let mut fields = Vec::new();
-    let addr = typeof_expr(EXPR_PAYLOAD, &u32s(&[addr_desc, daddr]));
-    udata_tlv(&mut fields, 0, &addr);
-    let port = typeof_expr(EXPR_PAYLOAD, &u32s(&[l4_desc, 2]));
-    udata_tlv(&mut fields, 1, &port);
-    udata_tlv(
-        ud,
-        UDATA_SET_DATA_TYPEOF,
-        &typeof_expr(EXPR_CONCAT, &fields),
-    );
+    let key_exprs = key
+        .iter()
+        .map(|k| match k {
+            KeyType::Ipv4Addr | KeyType::Ipv6Addr => daddr.clone(),
+            KeyType::InetProto => typeof_expr(EXPR_META, &u32s(&[META_L4PROTO])),
+            KeyType::InetService => dport.clone(),
+            KeyType::Slot => typeof_expr(EXPR_NUMGEN, &u32s(&[RANDOM, 1, 0])),
+        })
+        .collect();
+    udata_tlv(ud, UDATA_SET_KEY_TYPEOF, &concat(key_exprs));
+    udata_tlv(ud, UDATA_SET_DATA_TYPEOF, &concat(vec![daddr, dport]));
 }
 
 pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
@@ -282,11 +286,12 @@ fn addr_location(family: Family, field: Field) -> (u32, u32) {
     }
 }
 
-fn load_concat(family: Family, fields: &[Field], out: &mut Vec<Expr>) {
-    let mut slot = 0;
-    for f in fields {
-        slot += load_field(family, *f, slot, out);
-    }
+/// Loads `fields` as a concatenation from the first register on; returns the
+/// 32-bit slots used.
+fn load_concat(family: Family, fields: &[Field], out: &mut Vec<Expr>) -> u32 {
+    fields
+        .iter()
+        .fold(0, |slot, f| slot + load_field(family, *f, slot, out))
 }
 
 fn addr_bytes(a: &IpAddr) -> Vec<u8> {
@@ -459,9 +464,14 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 flags: NAT_PROTO_SPECIFIED,
             });
         }
-        Stmt::DnatNumgenMap { modulus, map } => {
+        Stmt::DnatPick {
+            fields,
+            modulus,
+            map,
+        } => {
+            let slot = load_concat(family, fields, out);
             out.push(Expr::Numgen {
-                dreg: REG_1,
+                dreg: reg32(slot),
                 modulus: *modulus,
             });
             out.push(Expr::Lookup {
@@ -515,6 +525,7 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::net::Protocol;
 
     // Expected bytecode below is what `nft --debug=netlink` 1.0.6 prints for the rule.
 

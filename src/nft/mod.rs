@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod lift;
 pub mod lower;
 pub mod names;
+pub mod pick;
 pub mod plan;
 pub mod planner;
 pub mod service;

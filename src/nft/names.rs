@@ -91,23 +91,6 @@ pub(super) fn port_id(svc: &Service, port: &ServicePort) -> String {
     )
 }
 
-/// The endpoint map of the chain `chain`: `ep-` and 13 base32 characters of
-/// its name's hash (64 bits: no collision in any cluster's lifetime). Short
-/// on purpose: the kernel finds a set by walking its table's sets and
-/// comparing names (`nft_set_lookup`), three times for each map a sync
-/// writes, so the name's length is paid once per set of the table each time.
-/// The rule that uses the map is in the chain; the map's comment names the
-/// Service port.
-pub(super) fn endpoint_map_name(chain: &str) -> String {
-    let mut h = fnv1a(chain.as_bytes());
-    let mut name = String::from("ep-");
-    for _ in 0..13 {
-        name.push(BASE32[(h >> 59) as usize] as char);
-        h <<= 5;
-    }
-    name
-}
-
 pub(super) fn chain_name(kind: &str, id: &str) -> String {
     let mut name = format!("{kind}-{}-{id}", short_hash(id));
     if name.len() > MAX_CHAIN_NAME {

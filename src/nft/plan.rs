@@ -26,8 +26,8 @@ pub enum RuleOp {
 /// Rule operations that turn `old` into `new`, aligning the two chains on their
 /// last rules. A cascade (session affinity) keeps its endpoints in stable slots
 /// counted from the end (see `slots`), so one endpoint change is one or two
-/// operations here, whatever the number of endpoints; an endpoint map's chain
-/// has one rule.
+/// operations here, whatever the number of endpoints; a pick chain has one
+/// rule per protocol, and never changes.
 pub fn diff_rules(old: &[RuleView], new: &[KernelRule]) -> Vec<RuleOp> {
     let mut ops = Vec::new();
     let common = old.len().min(new.len());
@@ -60,7 +60,7 @@ enum Phase {
     DeleteElements,
     AddElements,
     /// Every chain that goes is emptied before any is deleted: one may jump to
-    /// another (a Service's `external-` chain to its `svc-` chain), and the
+    /// another (a `masquerade-pick-` chain to its `pick-` chain), and the
     /// kernel refuses to delete a chain a rule still names.
     FlushChains,
     /// After the elements that point at them.

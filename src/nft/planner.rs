@@ -13,16 +13,18 @@ use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
 use crate::nft::kernel::Views;
-use crate::nft::lower::{lower_chain, lower_counter, lower_element, lower_set, lower_table};
+use crate::nft::lower::{
+    lower_chain, lower_counter, lower_element, lower_key, lower_set, lower_table,
+};
 use crate::nft::names::{table_ids, SET_HAIRPIN};
+use crate::nft::pick::{EndpointMap, EntryKind, Shared};
 use crate::nft::plan::{diff_rules, Plan};
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{Placement, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, service_rules, translate_placed};
 use crate::nft::view::{map_slots, slots, Elements, RuleView, SetView, TableView};
-use crate::ruleset::Ruleset;
-use crate::ruleset::{Mapped, TableId};
-use std::collections::{BTreeSet, HashMap};
+use crate::ruleset::{KeyValue, Mapped, Ruleset, TableId};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
@@ -32,18 +34,21 @@ use std::net::IpAddr;
 pub struct Footprints {
     services: HashMap<(ServiceKey, Family), Footprint>,
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
+    /// How many Services use each shared chain (and map) of a Service table.
+    shared_refs: HashMap<(TableId, Shared), usize>,
 }
 
 /// A partial sync's change to the footprints, applied once its plan commits.
 pub struct FootprintChange {
     services: Vec<((ServiceKey, Family), Footprint)>,
     hairpin_refs: Vec<((Family, IpAddr), usize)>,
+    shared_refs: Vec<((TableId, Shared), usize)>,
 }
 
 /// The desired ruleset with endpoints in the slots the kernel has them in: what
 /// the kernel must hold after a successful sync.
 pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfig) -> Ruleset {
-    translate_placed(state, config, &PlacedInViews(views))
+    translate_placed(state, config, &PlacedInViews::new(views))
 }
 
 /// What one Service has in one family's tables, as last committed. Counters are
@@ -52,11 +57,50 @@ pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfi
 pub struct Footprint {
     chains: Vec<(TableId, String)>,
     sets: Vec<(TableId, String)>,
-    /// Those of `sets` whose elements are ours: the endpoint maps.
-    maps: Vec<(TableId, String)>,
     counters: Vec<String>,
     elements: Vec<PlacedElement>,
+    /// Its entries' endpoints, by slot, in the shared endpoint maps.
+    slots: Vec<PlacedSlots>,
+    /// The shared chains (and maps) it uses.
+    shared: Vec<(TableId, Shared)>,
     hairpin: Vec<IpAddr>,
+}
+
+/// One entry's endpoints in an endpoint map, kept whole rather than as its
+/// elements: one key prefix for all its slots (10k Services × 10: ~40 MiB
+/// less), and what a partial sync needs to keep endpoints in their slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PlacedSlots {
+    table: TableId,
+    map: EndpointMap,
+    /// The entry's key, lowered: each element's key without its slot.
+    entry: Vec<u8>,
+    endpoints: Vec<SlotKey>,
+}
+
+impl PlacedSlots {
+    fn element_key(&self, slot: usize) -> Vec<u8> {
+        let mut key = self.entry.clone();
+        key.extend_from_slice(&(slot as u32).to_ne_bytes());
+        key
+    }
+
+    fn element(&self, slot: usize) -> KernelElement {
+        let (addr, port) = self.endpoints[slot];
+        KernelElement {
+            key: self.element_key(slot),
+            data: Some(Mapped::Endpoint(addr, port)),
+            userdata: None,
+        }
+    }
+
+    fn elements(&self) -> impl Iterator<Item = KernelElement> + '_ {
+        (0..self.endpoints.len()).map(|i| self.element(i))
+    }
+
+    fn same_entry(&self, other: &PlacedSlots) -> bool {
+        (self.table, self.map, &self.entry) == (other.table, other.map, &other.entry)
+    }
 }
 
 /// An element a Service put in a shared set or map: where, its key (all a
@@ -124,6 +168,7 @@ fn lower_service(
         .chain(rules.main_chains.iter().map(|c| (main, c)))
         .map(|(t, c)| (t, lower_chain(family, c)))
         .collect();
+    let table = rules.table;
     Some(LoweredService {
         sets: rules
             .sets
@@ -138,13 +183,18 @@ fn lower_service(
                 .iter()
                 .map(|s| (rules.table, s.name.clone()))
                 .collect(),
-            maps: rules
-                .sets
-                .iter()
-                .filter(|s| s.timeout.is_none())
-                .map(|s| (rules.table, s.name.clone()))
-                .collect(),
             counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
+            slots: rules
+                .slots
+                .into_iter()
+                .map(|s| PlacedSlots {
+                    table,
+                    map: s.map,
+                    entry: lower_key(&s.entry, true),
+                    endpoints: s.endpoints,
+                })
+                .collect(),
+            shared: rules.shared.iter().map(|s| (table, *s)).collect(),
             elements: elements
                 .iter()
                 .map(|(t, set, e)| PlacedElement::of(*t, set, e))
@@ -156,34 +206,102 @@ fn lower_service(
     })
 }
 
-struct PlacedInViews<'a>(&'a Views);
+/// Where the kernel has each entry's and cascade's endpoints, as read back for a
+/// full sync.
+struct PlacedInViews<'a> {
+    views: &'a Views,
+    /// Each entry's elements (a run of a sorted endpoint map), by the kind and
+    /// policy of the map that holds it and the entry's key.
+    entries: HashMap<(TableId, EntryKind, bool, &'a [u8]), &'a [KernelElement]>,
+}
 
-impl Placement for PlacedInViews<'_> {
-    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
-        let view = self.0.get(&table)?;
-        if let Some(m) = view.set(map) {
-            return Some(map_slots(m.elements.iter()));
+impl<'a> PlacedInViews<'a> {
+    fn new(views: &'a Views) -> Self {
+        let mut entries = HashMap::new();
+        for (table, view) in views {
+            for set in &view.sets {
+                let Some(map) = EndpointMap::of_name(&set.def.name) else {
+                    continue;
+                };
+                let elements = set.elements.as_slice();
+                let mut start = 0;
+                while start < elements.len() {
+                    let prefix = entry_of(&elements[start].key);
+                    let len = elements[start..]
+                        .iter()
+                        .take_while(|e| entry_of(&e.key) == prefix)
+                        .count();
+                    let run = &elements[start..start + len];
+                    entries
+                        .entry((*table, map.kind, map.local, prefix))
+                        .or_insert(run);
+                    start += len;
+                }
+            }
         }
-        view.chain(chain).map(|c| slots(&c.rules))
+        PlacedInViews { views, entries }
     }
 }
 
-/// What a partial sync re-reads of the changed Services: their chains (for
-/// rule handles) and the elements of their endpoint maps, by table and name.
+/// An endpoint map element's entry: its key without the slot.
+fn entry_of(key: &[u8]) -> &[u8] {
+    &key[..key.len().saturating_sub(4)]
+}
+
+impl Placement for PlacedInViews<'_> {
+    fn cascade(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        let view = self.views.get(&table)?;
+        view.chain(chain).map(|c| slots(&c.rules))
+    }
+
+    fn entry(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+    ) -> Option<Vec<SlotKey>> {
+        let key = lower_key(entry, true);
+        let run = self.entries.get(&(table, kind, local, key.as_slice()))?;
+        Some(map_slots(run.iter()))
+    }
+}
+
+/// What a partial sync re-reads of the changed Services: their own chains (for
+/// rule handles and cascade slots), by table and name.
 #[derive(Default)]
 pub struct Reread {
     pub chains: HashMap<(TableId, String), Vec<RuleView>>,
-    pub maps: HashMap<(TableId, String), Elements>,
 }
 
-impl Placement for Reread {
-    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>> {
-        if let Some(elements) = self.maps.get(&(table, map.to_string())) {
-            return Some(map_slots(elements.iter()));
-        }
-        self.chains
+/// A partial sync's placement of one Service: its cascades as re-read, its
+/// entries where the last sync put them (its footprint).
+struct PlacedBefore<'a> {
+    reread: &'a Reread,
+    old: &'a Footprint,
+}
+
+impl Placement for PlacedBefore<'_> {
+    fn cascade(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        self.reread
+            .chains
             .get(&(table, chain.to_string()))
             .map(|rules| slots(rules))
+    }
+
+    fn entry(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+    ) -> Option<Vec<SlotKey>> {
+        let key = lower_key(entry, true);
+        self.old
+            .slots
+            .iter()
+            .find(|s| (s.table, s.map.kind, s.map.local) == (table, kind, local) && s.entry == key)
+            .map(|s| s.endpoints.clone())
     }
 }
 
@@ -217,12 +335,86 @@ fn add_set_with(plan: &mut Plan, table: TableId, set: KernelSet, elements: Vec<K
     plan.add_set(table, set);
 }
 
+/// The full sync's diff of the shared endpoint maps, made entry by entry as the
+/// Services come, against the kernel's sorted elements: the wanted elements
+/// (a million at 100k Services) are never gathered.
+struct EndpointMaps<'v> {
+    views: &'v Views,
+    maps: HashMap<(TableId, EndpointMap), MapDiff<'v>>,
+    /// The entries placed so far: where two Services claim one (the same
+    /// external IP and port), the first keeps it, as in the dispatch maps.
+    claimed: HashSet<(TableId, EntryKind, bool, Vec<u8>)>,
+}
+
+/// One endpoint map: the kernel's elements, and which of them are wanted.
+struct MapDiff<'v> {
+    name: String,
+    have: Option<&'v Elements>,
+    seen: Vec<bool>,
+}
+
+impl<'v> EndpointMaps<'v> {
+    fn new(views: &'v Views) -> Self {
+        EndpointMaps {
+            views,
+            maps: HashMap::new(),
+            claimed: HashSet::new(),
+        }
+    }
+
+    /// Plans an entry's elements, unless another Service has the entry;
+    /// false then.
+    fn claim(&mut self, plan: &mut Plan, s: &PlacedSlots) -> bool {
+        let views = self.views;
+        let map = self.maps.entry((s.table, s.map)).or_insert_with(|| {
+            let name = s.map.name();
+            let have = views
+                .get(&s.table)
+                .and_then(|v| v.set(&name))
+                .map(|v| &v.elements);
+            let seen = vec![false; have.map_or(0, |h| h.len())];
+            MapDiff { name, have, seen }
+        });
+        let at = (s.table, s.map.kind, s.map.local, s.entry.clone());
+        if !self.claimed.insert(at) {
+            return false;
+        }
+        for e in s.elements() {
+            match map.have.and_then(|h| h.index_of(&e.key).map(|i| (i, h))) {
+                Some((i, have)) => {
+                    map.seen[i] = true;
+                    let old = &have.as_slice()[i];
+                    if *old != e {
+                        plan.delete_element(s.table, &map.name, old.clone());
+                        plan.add_element(s.table, &map.name, e);
+                    }
+                }
+                None => plan.add_element(s.table, &map.name, e),
+            }
+        }
+        true
+    }
+
+    /// Deletes what the kernel has and no entry wants, in the maps still used
+    /// (an unused map goes whole).
+    fn finish(self, plan: &mut Plan) {
+        for ((table, _), map) in self.maps {
+            let Some(have) = map.have else { continue };
+            for (e, seen) in have.iter().zip(&map.seen) {
+                if !seen {
+                    plan.delete_element(table, &map.name, e.clone());
+                }
+            }
+        }
+    }
+}
+
 /// The full sync's plan: everything the kernel (`views`) lacks or has wrong
 /// against the whole desired state, and the footprints it leaves behind.
 pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (Plan, Footprints) {
     let mut plan = Plan::default();
     let mut footprints = Footprints::default();
-    let placement = PlacedInViews(views);
+    let placement = PlacedInViews::new(views);
     let mut rebuilt: Option<Ruleset> = None;
     for family in Family::ALL {
         let ids = table_ids(family, config);
@@ -250,6 +442,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
         let main = TableId::main(family);
         let main_view = views.get(&main);
         let mut wanted_counters = BTreeSet::new();
+        let mut endpoint_maps = EndpointMaps::new(views);
         // Gathered in order; `Elements::new` keeps the first of a key.
         let mut wanted_elements: HashMap<(TableId, &str), Vec<KernelElement>> = HashMap::new();
         for (set, e) in node_elements(state, config, family) {
@@ -296,14 +489,50 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             for (id, set, e) in svc.elements {
                 wanted_elements.entry((id, set)).or_default().push(e);
             }
-            for a in &svc.footprint.hairpin {
+            let mut footprint = svc.footprint;
+            footprint
+                .slots
+                .retain(|s| endpoint_maps.claim(&mut plan, s));
+            for a in &footprint.hairpin {
                 *footprints.hairpin_refs.entry((family, *a)).or_insert(0) += 1;
             }
+            for s in &footprint.shared {
+                *footprints.shared_refs.entry(*s).or_insert(0) += 1;
+            }
             // A single-stack Service leaves nothing in the other family.
-            if svc.footprint != Footprint::default() {
-                footprints
-                    .services
-                    .insert((key.clone(), family), svc.footprint);
+            if footprint != Footprint::default() {
+                footprints.services.insert((key.clone(), family), footprint);
+            }
+        }
+        endpoint_maps.finish(&mut plan);
+        let mut shared: Vec<(TableId, Shared)> = footprints
+            .shared_refs
+            .keys()
+            .filter(|(t, _)| t.family == family)
+            .copied()
+            .collect();
+        shared.sort();
+        for (id, s) in shared {
+            if let Some(chain) = s.chain(config.masquerade_mark()) {
+                let chain = lower_chain(family, &chain);
+                wanted_chains
+                    .entry(id)
+                    .or_default()
+                    .insert(chain.name.clone());
+                if !plan_chain(&mut plan, id, chain, views.get(&id)) {
+                    rebuild.insert(id);
+                }
+            }
+            if let Shared::Map(map) = s {
+                let def = lower_set(&map.set(family));
+                wanted_sets.entry(id).or_default().insert(def.name.clone());
+                match views.get(&id).and_then(|v| v.set(&def.name)) {
+                    None => plan.add_set(id, def),
+                    Some(have) if !same_set_def(&have.def, &def) => {
+                        rebuild.insert(id);
+                    }
+                    Some(_) => {}
+                }
             }
         }
         let hairpin = wanted_elements.entry((main, SET_HAIRPIN)).or_default();
@@ -362,15 +591,6 @@ impl Footprints {
         self.of(dirty, |f| &f.chains)
     }
 
-    /// The endpoint maps a partial sync of `dirty` must re-read (for their
-    /// elements, which are the endpoints' slots).
-    pub fn maps_of<'a>(
-        &'a self,
-        dirty: &'a [ServiceKey],
-    ) -> impl Iterator<Item = &'a (TableId, String)> + 'a {
-        self.of(dirty, |f| &f.maps)
-    }
-
     fn of<'a>(
         &'a self,
         dirty: &'a [ServiceKey],
@@ -396,18 +616,19 @@ impl Footprints {
         state: &ClusterState,
         config: &NodeConfig,
     ) -> (Plan, FootprintChange) {
-        let placement = kernel;
         let mut plan = Plan::default();
         let mut updates = Vec::new();
         let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
+        let mut shared_delta: HashMap<(TableId, Shared), isize> = HashMap::new();
+        let none = Footprint::default();
         for key in dirty {
             for family in Family::ALL {
                 let main = TableId::main(family);
-                let old = self
-                    .services
-                    .get(&(key.clone(), family))
-                    .cloned()
-                    .unwrap_or_default();
+                let old = self.services.get(&(key.clone(), family)).unwrap_or(&none);
+                let placement = PlacedBefore {
+                    reread: &kernel,
+                    old,
+                };
                 let new = lower_service(state, key, family, config, &placement);
                 let (chains, sets, counters, elements, new_applied) = match new {
                     Some(s) => (s.chains, s.sets, s.counters, s.elements, s.footprint),
@@ -426,14 +647,11 @@ impl Footprints {
                 {
                     plan.delete_counter(main, c);
                 }
-                for (id, mut set) in sets {
-                    let at = (id, set.name.clone());
-                    let elements = std::mem::take(&mut set.elements);
-                    if !old.sets.contains(&at) {
-                        add_set_with(&mut plan, id, set, elements);
-                    } else if set.timeout_ms.is_none() {
-                        let have = placement.maps.get(&at);
-                        plan_elements(&mut plan, id, &set.name, have, Elements::new(elements));
+                // A Service's own sets are its affinity sets, whose elements
+                // are the packets'.
+                for (id, set) in sets {
+                    if !old.sets.contains(&(id, set.name.clone())) {
+                        plan.add_set(id, set);
                     }
                 }
                 for (id, s) in old.sets.iter().filter(|s| !new_applied.sets.contains(s)) {
@@ -441,7 +659,7 @@ impl Footprints {
                 }
                 for (id, chain) in chains {
                     let at = (id, chain.name.clone());
-                    match placement.chains.get(&at) {
+                    match kernel.chains.get(&at) {
                         Some(rules) if old.chains.contains(&at) => {
                             plan.rules(id, &chain.name, diff_rules(rules, &chain.rules))
                         }
@@ -449,6 +667,13 @@ impl Footprints {
                     }
                 }
                 diff_service_elements(&mut plan, &old.elements, &new_applied.elements, elements);
+                diff_slots(&mut plan, &old.slots, &new_applied.slots);
+                for s in &old.shared {
+                    *shared_delta.entry(*s).or_insert(0) -= 1;
+                }
+                for s in &new_applied.shared {
+                    *shared_delta.entry(*s).or_insert(0) += 1;
+                }
                 for (id, c) in old
                     .chains
                     .iter()
@@ -478,11 +703,35 @@ impl Footprints {
             }
             new_refs.push(((family, addr), after));
         }
+        let mut shared_refs = Vec::new();
+        for ((table, shared), delta) in shared_delta {
+            let before = self.shared_refs.get(&(table, shared)).copied().unwrap_or(0);
+            let after = (before as isize + delta).max(0) as usize;
+            let family = table.family;
+            match (before, after) {
+                (0, n) if n > 0 => match shared.chain(config.masquerade_mark()) {
+                    Some(chain) => plan.add_chain(table, lower_chain(family, &chain)),
+                    None => {
+                        if let Shared::Map(map) = shared {
+                            plan.add_set(table, lower_set(&map.set(family)));
+                        }
+                    }
+                },
+                (n, 0) if n > 0 => match (shared.chain_name(), shared) {
+                    (Some(chain), _) => plan.delete_chain(table, &chain),
+                    (None, Shared::Map(map)) => plan.delete_set(table, &map.name()),
+                    (None, _) => {}
+                },
+                _ => {}
+            }
+            shared_refs.push(((table, shared), after));
+        }
         (
             plan,
             FootprintChange {
                 services: updates,
                 hairpin_refs: new_refs,
+                shared_refs,
             },
         )
     }
@@ -501,6 +750,13 @@ impl Footprints {
                 self.hairpin_refs.remove(&k);
             } else {
                 self.hairpin_refs.insert(k, n);
+            }
+        }
+        for (k, n) in change.shared_refs {
+            if n == 0 {
+                self.shared_refs.remove(&k);
+            } else {
+                self.shared_refs.insert(k, n);
             }
         }
     }
@@ -590,6 +846,39 @@ fn plan_elements(
     for new in want {
         if have.get(&new.key) != Some(&new) {
             plan.add_element(table, set, new);
+        }
+    }
+}
+
+/// A partial sync's change to one Service's entries: per entry, the slots
+/// whose endpoint changed are replaced, the slots beyond the new count deleted,
+/// new slots added; an entry that moved to another map (its count changed)
+/// leaves the old map whole and fills the new one.
+fn diff_slots(plan: &mut Plan, old: &[PlacedSlots], new: &[PlacedSlots]) {
+    for o in old {
+        let map = o.map.name();
+        let kept = new.iter().find(|n| n.same_entry(o));
+        for (slot, ep) in o.endpoints.iter().enumerate() {
+            if kept.and_then(|n| n.endpoints.get(slot)) != Some(ep) {
+                plan.delete_element(
+                    o.table,
+                    &map,
+                    KernelElement {
+                        key: o.element_key(slot),
+                        data: None,
+                        userdata: None,
+                    },
+                );
+            }
+        }
+    }
+    for n in new {
+        let map = n.map.name();
+        let before = old.iter().find(|o| o.same_entry(n));
+        for (slot, ep) in n.endpoints.iter().enumerate() {
+            if before.and_then(|o| o.endpoints.get(slot)) != Some(ep) {
+                plan.add_element(n.table, &map, n.element(slot));
+            }
         }
     }
 }

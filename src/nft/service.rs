@@ -1,6 +1,9 @@
-//! What one Service contributes to one family's tables: its port chains
-//! (`svc-`, `local-`, `external-`, `firewall-`), their dispatch and no-endpoint
-//! elements, affinity sets, counters and hairpin addresses.
+//! What one Service contributes to one family's tables: its dispatch and
+//! no-endpoint elements, its entries' endpoints in the shared endpoint maps
+//! (`pick`) and the shared chains it uses, the chains of its own where a policy
+//! needs them (`external-`/`nodeport-` for `externalTrafficPolicy: Local`;
+//! `svc-`, `local-` and affinity sets for session affinity; `firewall-`),
+//! counters and hairpin addresses.
 //!
 //! `nftables_rules` is the nftables flavour, read straight through. What the
 //! IPVS flavour (`ipvs_table::ipvs_rules`) shares with it is here too:
@@ -13,10 +16,11 @@ use crate::core::node_config::NodeConfig;
 use crate::core::policy::{categorize, port_endpoints, Categorized};
 use crate::nft::build::{dispatch_key, element, nodeport_key};
 use crate::nft::names::*;
+use crate::nft::pick::{EntryKind, EntrySlots, PickGroup, Shared};
 use crate::nft::slots::{assign_slots, Fill, Placement};
 use crate::ruleset::{
-    clamp_comment, Chain, Element, Field, KeyType, KeyValue, MapData, Mapped, NamedCounter, Rule,
-    Set, Stmt, TableId, Verdict,
+    clamp_comment, Chain, Element, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt, TableId,
+    Verdict,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -54,55 +58,6 @@ impl Affinity<'_> {
             elements: Vec::new(),
         }
     }
-}
-
-/// The endpoint-selection chain of one Service port without session affinity:
-/// with one endpoint a plain DNAT; with n > 1, one rule that DNATs to the
-/// endpoint in slot `numgen random mod n` of the port's endpoint map, so each
-/// endpoint gets exactly 1/n. The map is returned beside the chain.
-fn endpoint_map_chain(
-    name: String,
-    map_name: String,
-    label: &str,
-    family: Family,
-    port: &ServicePort,
-    slots: &[&PortEndpoint],
-) -> (Chain, Option<Set>) {
-    let chain = |stmt: Stmt| Chain {
-        name,
-        base: None,
-        comment: Some(clamp_comment(label)),
-        rules: vec![Rule::new(vec![Stmt::L4Proto(port.protocol), stmt])],
-    };
-    if let [ep] = slots {
-        let dnat = Stmt::Dnat {
-            addr: ep.addr,
-            port: ep.port,
-        };
-        return (chain(dnat), None);
-    }
-    let elements = slots
-        .iter()
-        .enumerate()
-        .map(|(k, ep)| Element {
-            key: vec![KeyValue::Slot(k as u32)],
-            value: Some(Mapped::Endpoint(ep.addr, ep.port)),
-            comment: None,
-        })
-        .collect();
-    let map = Set {
-        name: map_name.clone(),
-        key: vec![KeyType::Slot],
-        data: Some(MapData::Endpoint(family, port.protocol)),
-        comment: Some(clamp_comment(label)),
-        timeout: None,
-        elements,
-    };
-    let pick = Stmt::DnatNumgenMap {
-        modulus: slots.len() as u32,
-        map: map_name,
-    };
-    (chain(pick), Some(map))
 }
 
 /// The endpoint-selection chain of one Service port with session affinity: a
@@ -168,10 +123,13 @@ pub struct ServiceRules {
     /// Chains in the main table: the source-range firewall, which the filter
     /// hooks reach.
     pub main_chains: Vec<Chain>,
-    /// Sets and maps of this Service alone (endpoint maps, session affinity
-    /// sets), in `table`, created and deleted with it; an endpoint map carries
-    /// its elements.
+    /// Sets of this Service alone (session affinity sets), in `table`,
+    /// created and deleted with it.
     pub sets: Vec<Set>,
+    /// Its entries' endpoints, each entry in the endpoint map of its count.
+    pub slots: Vec<EntrySlots>,
+    /// The shared chains (and maps) of `table` it uses, sorted, each once.
+    pub shared: Vec<Shared>,
     /// Elements, with the name of the set or map they belong to (in the table
     /// `home` says).
     pub elements: Vec<(&'static str, Element)>,
@@ -188,16 +146,20 @@ impl ServiceRules {
             chains: Vec::new(),
             main_chains: Vec::new(),
             sets: Vec::new(),
+            slots: Vec::new(),
+            shared: Vec::new(),
             elements: Vec::new(),
             hairpin: Vec::new(),
             counters: Vec::new(),
         }
     }
 
-    /// The hairpin addresses sorted and without repeats (Services share them).
+    /// The hairpin addresses and shared objects sorted and without repeats.
     pub(super) fn finish(mut self) -> ServiceRules {
         self.hairpin.sort();
         self.hairpin.dedup();
+        self.shared.sort();
+        self.shared.dedup();
         self
     }
 
@@ -278,9 +240,9 @@ fn external_chain(
     svc: &Service,
     config: &NodeConfig,
     family: Family,
-    chains: &PolicyChains,
+    cluster: Option<&str>,
+    local: Option<&str>,
 ) -> Option<Chain> {
-    let (local, cluster) = (chains.local.as_deref(), chains.cluster.as_deref());
     let mark = config.masquerade_mark();
     let goto = |c: &str| Stmt::Verdict(Verdict::Goto(c.to_string()));
     let mut rules = Vec::new();
@@ -442,18 +404,20 @@ impl<'a> ServiceIn<'a> {
     }
 
     /// The elements of the port's external addresses and NodePort that both
-    /// flavours have: to `external` (the nftables flavour's `external-` chain)
-    /// if there is one, to a refusal if nothing serves them, and to the
-    /// source-range firewall.
+    /// flavours have: to the nftables flavour's chain for each kind of entry
+    /// (`address`, `nodeport`) if there is one, to a refusal if the external
+    /// policy's endpoints are none (`chains.external`), and to the source-range
+    /// firewall.
     pub(super) fn external_elements(
         &self,
         out: &mut ServiceRules,
         p: &PortIn,
         chains: &PolicyChains,
-        external: Option<&str>,
+        address: Option<&str>,
+        nodeport: Option<&str>,
     ) {
-        let served = |key: Vec<KeyValue>| {
-            external.map(|c| element(key, Some(Verdict::Goto(c.to_string())), &p.label))
+        let served = |key: Vec<KeyValue>, to: Option<&str>| {
+            to.map(|c| element(key, Some(Verdict::Goto(c.to_string())), &p.label))
         };
         let unserved = p.unserved(chains.external(self.svc));
         let refused = |key: Vec<KeyValue>| {
@@ -463,14 +427,13 @@ impl<'a> ServiceIn<'a> {
         };
         for key in &p.external_keys {
             out.elements
-                .extend(served(key.clone()).map(|e| (MAP_SERVICE_IPS, e)));
+                .extend(served(key.clone(), address).map(|e| (MAP_SERVICE_IPS, e)));
             out.elements
                 .extend(refused(key.clone()).map(|e| (MAP_NO_ENDPOINT_SERVICES, e)));
         }
-        if let Some(node_port) = p.port.node_port {
-            let key = nodeport_key(p.port, node_port);
+        if let Some(key) = p.nodeport_key() {
             out.elements
-                .extend(served(key.clone()).map(|e| (MAP_SERVICE_NODEPORTS, e)));
+                .extend(served(key.clone(), nodeport).map(|e| (MAP_SERVICE_NODEPORTS, e)));
             out.elements
                 .extend(refused(key).map(|e| (MAP_NO_ENDPOINT_NODEPORTS, e)));
         }
@@ -511,6 +474,19 @@ impl PortIn<'_> {
         )
     }
 
+    /// The `service-nodeports` key of the NodePort, if the port has one.
+    pub(super) fn nodeport_key(&self) -> Option<Vec<KeyValue>> {
+        self.port.node_port.map(|np| nodeport_key(self.port, np))
+    }
+
+    /// The entries of one kind: the ClusterIP is not among them.
+    fn external_entries(&self, kind: EntryKind) -> Vec<Vec<KeyValue>> {
+        match kind {
+            EntryKind::Address => self.external_keys.clone(),
+            EntryKind::NodePort => self.nodeport_key().into_iter().collect(),
+        }
+    }
+
     /// Whether the port has external addresses or a NodePort.
     pub(super) fn is_external(&self) -> bool {
         !self.external_keys.is_empty() || self.port.node_port.is_some()
@@ -543,8 +519,9 @@ impl PortIn<'_> {
     }
 }
 
-/// The nftables flavour: the Service's chains pick endpoints themselves, in its
-/// Service table, and the dispatch maps jump to them.
+/// The nftables flavour: each entry of the Service picks its endpoint in the
+/// shared chain of its kind and endpoint count, in its Service table, and the
+/// dispatch maps go there; with session affinity, its own cascade chains pick.
 pub(super) fn nftables_rules(
     state: &ClusterState,
     svc: &Service,
@@ -559,75 +536,194 @@ pub(super) fn nftables_rules(
     for port in &svc.ports {
         let endpoints = port_endpoints(state, svc, port, family);
         let p = s.port(port, &endpoints);
-        let affinity = svc.affinity_timeout.map(|timeout| Affinity {
-            port_id: &p.port_id,
-            timeout,
-        });
-        let mut picking_chain = |kind: &str, chosen: &[&PortEndpoint]| -> Option<String> {
-            let name = s.policy_chain_name(&mut out, kind, &p, chosen)?;
-            let map_name = endpoint_map_name(&name);
-            let fill = if affinity.is_some() {
-                Fill::Cascade
-            } else {
-                Fill::Map
-            };
-            let slots = assign_slots(placement.slots(out.table, &name, &map_name), chosen, fill);
-            if let Some(a) = &affinity {
-                for ep in chosen {
-                    let set = a.set(family, ep);
-                    if !out.sets.iter().any(|s| s.name == set.name) {
-                        out.sets.push(set);
-                    }
-                }
-                out.chains
-                    .push(affinity_chain(name.clone(), &p.label, port, &slots, a));
-            } else {
-                let (chain, map) =
-                    endpoint_map_chain(name.clone(), map_name, &p.label, family, port, &slots);
-                out.chains.push(chain);
-                out.sets.extend(map);
-            }
-            Some(name)
-        };
-        let chains = PolicyChains {
-            cluster: picking_chain("svc", &p.eps.cluster),
-            local: picking_chain("local", &p.eps.local),
-        };
-        let internal = chains.internal(svc);
-        out.elements.push(match internal {
-            Some(chain) => (
-                MAP_SERVICE_IPS,
-                element(
-                    p.vip_key.clone(),
-                    Some(Verdict::Goto(chain.to_string())),
-                    &p.label,
-                ),
-            ),
-            None => p.vip_unserved(),
-        });
-        p.count(&mut out, svc, config);
-        if !p.is_external() {
-            continue;
+        match svc.affinity_timeout {
+            Some(timeout) => cascade_port(&mut out, &s, &p, config, family, placement, timeout),
+            None => shared_port(&mut out, &s, &p, config, family, placement),
         }
-        let external = if p.eps.has_any {
-            external_chain(
-                port_chain_name("external", svc, port),
-                &p.label,
-                svc,
-                config,
-                family,
-                &chains,
-            )
-        } else {
-            None
-        };
-        s.external_elements(
-            &mut out,
-            &p,
-            &chains,
-            external.as_ref().map(|c| c.name.as_str()),
-        );
-        out.chains.extend(external);
+        p.count(&mut out, svc, config);
     }
     out.finish()
+}
+
+/// A port whose entries pick in the shared chains: each entry's endpoints go
+/// into the endpoint map of its kind, policy and count, in slots kept from the
+/// kernel's (`placement`), and its dispatch element goes to the chain of that
+/// map; external traffic goes first through a chain that masquerades
+/// (`externalTrafficPolicy: Cluster`, shared) or applies the Local policy (the
+/// port's own).
+fn shared_port(
+    out: &mut ServiceRules,
+    s: &ServiceIn,
+    p: &PortIn,
+    config: &NodeConfig,
+    family: Family,
+    placement: &dyn Placement,
+) {
+    let svc = s.svc;
+    // Only names here (the IPVS flavour's way): which policies have endpoints.
+    let chains = PolicyChains {
+        cluster: s.policy_chain_name(out, "svc", p, &p.eps.cluster),
+        local: s.policy_chain_name(out, "local", p, &p.eps.local),
+    };
+    let group = |kind: EntryKind, local: bool| {
+        let chosen = if local { &p.eps.local } else { &p.eps.cluster };
+        (!chosen.is_empty()).then_some(PickGroup {
+            kind,
+            local,
+            count: chosen.len() as u32,
+        })
+    };
+    let table = out.table;
+    let place = |out: &mut ServiceRules, group: PickGroup, entry: &[KeyValue]| {
+        let chosen = if group.local {
+            &p.eps.local
+        } else {
+            &p.eps.cluster
+        };
+        let previous = placement.entry(table, group.kind, group.local, entry);
+        let endpoints = assign_slots(previous, chosen, Fill::Map)
+            .iter()
+            .map(|e| (e.addr, e.port))
+            .collect();
+        out.slots.push(EntrySlots {
+            map: group.map(),
+            entry: entry.to_vec(),
+            endpoints,
+        });
+        out.shared.push(Shared::Map(group.map()));
+        out.shared.push(Shared::Pick(group));
+        group.chain_name()
+    };
+    let internal = match group(EntryKind::Address, svc.internal_policy_local) {
+        Some(g) => {
+            let chain = place(out, g, &p.vip_key);
+            (
+                MAP_SERVICE_IPS,
+                element(p.vip_key.clone(), Some(Verdict::Goto(chain)), &p.label),
+            )
+        }
+        None => p.vip_unserved(),
+    };
+    out.elements.push(internal);
+    if !p.is_external() {
+        return;
+    }
+    let mut targets = [None, None];
+    for (kind, target) in [EntryKind::Address, EntryKind::NodePort]
+        .into_iter()
+        .zip(&mut targets)
+    {
+        let entries = p.external_entries(kind);
+        if entries.is_empty() {
+            continue;
+        }
+        let cluster = group(kind, false);
+        if !svc.external_policy_local {
+            let Some(g) = cluster else { continue };
+            for entry in &entries {
+                place(out, g, entry);
+            }
+            out.shared.push(Shared::Masquerade {
+                kind,
+                count: g.count,
+            });
+            *target = Some(Shared::masquerade_chain_name(kind, g.count));
+            continue;
+        }
+        let local = group(kind, true);
+        for entry in &entries {
+            for g in cluster.iter().chain(&local) {
+                place(out, *g, entry);
+            }
+        }
+        let to_cluster = cluster.map(|g| g.chain_name());
+        let to_local = local.map(|g| g.chain_name());
+        let own = match kind {
+            EntryKind::Address => "external",
+            EntryKind::NodePort => "nodeport",
+        };
+        let chain = external_chain(
+            port_chain_name(own, svc, p.port),
+            &p.label,
+            svc,
+            config,
+            family,
+            to_cluster.as_deref(),
+            to_local.as_deref(),
+        );
+        *target = chain.as_ref().map(|c| c.name.clone());
+        out.chains.extend(chain);
+    }
+    let [address, nodeport] = targets;
+    s.external_elements(out, p, &chains, address.as_deref(), nodeport.as_deref());
+}
+
+/// A port with session affinity: its own cascade chains (`svc-`, `local-`)
+/// pick for every entry, and record each client's endpoint.
+fn cascade_port(
+    out: &mut ServiceRules,
+    s: &ServiceIn,
+    p: &PortIn,
+    config: &NodeConfig,
+    family: Family,
+    placement: &dyn Placement,
+    timeout: u32,
+) {
+    let svc = s.svc;
+    let affinity = Affinity {
+        port_id: &p.port_id,
+        timeout,
+    };
+    let cascade = |out: &mut ServiceRules, kind: &str, chosen: &[&PortEndpoint]| {
+        let name = s.policy_chain_name(out, kind, p, chosen)?;
+        let slots = assign_slots(placement.cascade(out.table, &name), chosen, Fill::Cascade);
+        for ep in chosen {
+            let set = affinity.set(family, ep);
+            if !out.sets.iter().any(|s| s.name == set.name) {
+                out.sets.push(set);
+            }
+        }
+        out.chains.push(affinity_chain(
+            name.clone(),
+            &p.label,
+            p.port,
+            &slots,
+            &affinity,
+        ));
+        Some(name)
+    };
+    let chains = PolicyChains {
+        cluster: cascade(out, "svc", &p.eps.cluster),
+        local: cascade(out, "local", &p.eps.local),
+    };
+    out.elements.push(match chains.internal(svc) {
+        Some(chain) => (
+            MAP_SERVICE_IPS,
+            element(
+                p.vip_key.clone(),
+                Some(Verdict::Goto(chain.to_string())),
+                &p.label,
+            ),
+        ),
+        None => p.vip_unserved(),
+    });
+    if !p.is_external() {
+        return;
+    }
+    let external = if p.eps.has_any {
+        external_chain(
+            port_chain_name("external", svc, p.port),
+            &p.label,
+            svc,
+            config,
+            family,
+            chains.cluster.as_deref(),
+            chains.local.as_deref(),
+        )
+    } else {
+        None
+    };
+    let target = external.as_ref().map(|c| c.name.as_str());
+    s.external_elements(out, p, &chains, target, target);
+    out.chains.extend(external);
 }

@@ -273,10 +273,16 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
 /// which mark traffic to ClusterIPs for masquerading before any DNAT.
 const SERVICE_TABLE_NAT_PRIORITY: i32 = -99;
 
-/// One Service table: its share of the dispatch maps and the port chains they
-/// lead to. The kernel's NAT hook runs the NAT chains of every table in priority
-/// order and stops at the first one that sets up a binding; a Service is in one
-/// table only, so at most one table DNATs a connection.
+/// One Service table: its share of the dispatch maps, and the pick chains and
+/// endpoint maps (one per endpoint count in use, `pick`) they lead to. The
+/// kernel's NAT hook runs the NAT chains of every table in priority order and
+/// stops at the first one that sets up a binding; a Service is in one table
+/// only, so at most one table DNATs a connection.
+///
+/// Its comment names the layout: a table of an earlier layout (a chain and an
+/// endpoint map per Service port) has another, and is replaced whole by the
+/// first full sync, in its one transaction, instead of set by set (deleting
+/// 6,000 named sets of a table one by one walks its sets 6,000 times).
 pub fn service_table_skeleton(id: TableId) -> Table {
     let family = id.family;
     let addr = family.addr_type();
@@ -285,7 +291,7 @@ pub fn service_table_skeleton(id: TableId) -> Table {
         family,
         name: id.name().to_string(),
         comment: Some(format!(
-            "kube-nft: port chains of 1/{SERVICE_SHARDS} of the Services, by name hash (managed by kube-nft, do not edit)"
+            "kube-nft: 1/{SERVICE_SHARDS} of the Services by name hash, their endpoints in a map per endpoint count (managed by kube-nft, do not edit)"
         )),
         counters: Vec::new(),
         sets: vec![
@@ -294,13 +300,13 @@ pub fn service_table_skeleton(id: TableId) -> Table {
                 MAP_SERVICE_IPS,
                 vec![addr, KeyType::InetProto, KeyType::InetService],
                 Some(MapData::Verdict),
-                "ClusterIP, external IP or load balancer IP . protocol . port: the Service port's chain",
+                "ClusterIP, external IP or load balancer IP . protocol . port: the chain that picks its endpoint",
             ),
             set(
                 MAP_SERVICE_NODEPORTS,
                 vec![KeyType::InetProto, KeyType::InetService],
                 Some(MapData::Verdict),
-                "protocol . NodePort: the Service port's external chain",
+                "protocol . NodePort: the chain that picks its endpoint",
             ),
         ],
         chains: vec![

@@ -1,28 +1,44 @@
-//! Endpoint slots: where each endpoint sits in a Service port's endpoint map
-//! (or, with session affinity, its cascade). Slots are kept across syncs, so
-//! one endpoint change moves at most one other endpoint: two map elements and
-//! the rule's modulus (or one or two cascade rules).
+//! Endpoint slots: where each endpoint sits in an entry's elements of an
+//! endpoint map (or, with session affinity, in its port's cascade). Slots are
+//! kept across syncs, so one endpoint change moves at most one other endpoint:
+//! two map elements (or one or two cascade rules).
 
 use crate::core::model::PortEndpoint;
-use crate::ruleset::TableId;
+use crate::nft::pick::EntryKind;
+use crate::ruleset::{KeyValue, TableId};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-/// An endpoint's identity in a cascade slot.
+/// An endpoint's identity in a slot.
 pub type SlotKey = (IpAddr, u16);
 
-/// Where the kernel currently has each endpoint of a Service port, by slot:
-/// from its endpoint map `map` if the kernel has it, else from the DNAT rules
-/// of its `chain` (slot 0 = the last rule); `None` if it has neither.
+/// Where the kernel currently has the endpoints of a Service port, by slot;
+/// `None` where it has none.
 pub trait Placement {
-    fn slots(&self, table: TableId, chain: &str, map: &str) -> Option<Vec<SlotKey>>;
+    /// A session-affinity cascade's, from the DNAT rules of its `chain` (slot
+    /// 0 = the last rule).
+    fn cascade(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>>;
+
+    /// An entry's, from whichever endpoint map of its kind and policy
+    /// (`local`) holds it, whatever its count there.
+    fn entry(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+    ) -> Option<Vec<SlotKey>>;
 }
 
 /// No placement: a ruleset computed from scratch (render, a cold start).
 pub struct FromScratch;
 
 impl Placement for FromScratch {
-    fn slots(&self, _: TableId, _: &str, _: &str) -> Option<Vec<SlotKey>> {
+    fn cascade(&self, _: TableId, _: &str) -> Option<Vec<SlotKey>> {
+        None
+    }
+
+    fn entry(&self, _: TableId, _: EntryKind, _: bool, _: &[KeyValue]) -> Option<Vec<SlotKey>> {
         None
     }
 }

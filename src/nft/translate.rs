@@ -3,17 +3,19 @@
 //! is unit-tested without a kernel.
 //!
 //! The layout follows kube-proxy's nftables mode (its users know the names) with
-//! the kernel's scaling traps avoided (see docs/DESIGN.md): no set is shared by
-//! a rule per Service, and the sets that grow with the Services (one endpoint
-//! map per Service port) are spread over the Service tables.
-//! - `service-ips` dispatches `daddr . l4proto . dport` to one chain per Service port.
-//!   The port chains and the dispatch maps are spread over `SERVICE_SHARDS` Service
-//!   tables by a hash of the Service's name (see `ruleset::TableId`); the main table
-//!   keeps everything else.
-//! - Each Service port chain picks an endpoint with one rule, `dnat ip to numgen
-//!   random mod n map @ep-…`, over the port's endpoint map (slot : address . port),
-//!   so every endpoint gets exactly 1/n; one endpoint is a plain `dnat`, and session
-//!   affinity keeps a `numgen` cascade (rule k of n matches with probability 1/(n-k)).
+//! the kernel's scaling traps avoided (see docs/DESIGN.md): no chain or set per
+//! Service, no set shared by a rule per Service, and a number of sets per table
+//! that follows the endpoint counts in use, not the Services.
+//! - `service-ips` dispatches `daddr . l4proto . dport` (and `service-nodeports`
+//!   `l4proto . dport`) to the chain that picks the entry's endpoint. The dispatch
+//!   maps and what they lead to are spread over `SERVICE_SHARDS` Service tables by
+//!   a hash of the Service's name (see `ruleset::TableId`); the main table keeps
+//!   everything else.
+//! - A Service port with n endpoints goes to the table's `pick-n`, which DNATs to
+//!   the endpoint in slot `numgen random mod n` of the packet's entry in a shared
+//!   endpoint map (`pick`), so every endpoint gets exactly 1/n. Session affinity
+//!   keeps a chain of the port's own, a `numgen` cascade (rule k of n matches with
+//!   probability 1/(n-k)).
 //! - Masquerade is a mark (kube-proxy's 0x4000 by default) set in the dispatch
 //!   chain and acted on in postrouting; hairpin traffic is found by one set lookup.
 //! - Filter chains reject Services with no endpoints and wrong ports on live
@@ -25,11 +27,12 @@ use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::nft::ipvs_table::ipvs_rules;
 use crate::nft::names::*;
+use crate::nft::pick::{EndpointMap, EntryKind, Shared};
 use crate::nft::service::{nftables_rules, ServiceRules};
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{FromScratch, Placement};
 use crate::ruleset::{Element, KeyValue, Ruleset, Table, TableId};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
 /// The chains and elements of one Service in one family, for the mode's flavour.
@@ -92,6 +95,9 @@ fn tables_for(
             .expect("one of our tables")
     };
     let mut elements: BTreeMap<(usize, &str), Vec<Element>> = BTreeMap::new();
+    let mut endpoint_maps: BTreeMap<(usize, EndpointMap), Vec<Element>> = BTreeMap::new();
+    let mut shared: BTreeSet<(usize, Shared)> = BTreeSet::new();
+    let mut claimed: HashSet<(usize, EntryKind, bool, Vec<KeyValue>)> = HashSet::new();
     let mut hairpin = BTreeSet::new();
     for (set, e) in node_elements(state, config, family) {
         // Every table that dispatches NodePorts has its own copy of the addresses.
@@ -108,11 +114,32 @@ fn tables_for(
                 .or_default()
                 .push(e);
         }
+        for entry in &rules.slots {
+            // Two Services with one entry (the same external IP and port): the
+            // first keeps it, whole, as in the dispatch maps.
+            let at = (own, entry.map.kind, entry.map.local, entry.entry.clone());
+            if claimed.insert(at) {
+                endpoint_maps
+                    .entry((own, entry.map))
+                    .or_default()
+                    .extend(entry.elements());
+            }
+        }
+        shared.extend(rules.shared.iter().map(|s| (own, *s)));
         hairpin.extend(rules.hairpin);
         tables[own].chains.extend(rules.chains);
         tables[own].sets.extend(rules.sets);
         tables[main].chains.extend(rules.main_chains);
         tables[main].counters.extend(rules.counters);
+    }
+    for (i, s) in shared {
+        tables[i].chains.extend(s.chain(config.masquerade_mark()));
+        if let Shared::Map(map) = s {
+            let mut set = map.set(family);
+            set.elements = endpoint_maps.remove(&(i, map)).unwrap_or_default();
+            set.elements.sort_by(|a, b| a.key.cmp(&b.key));
+            tables[i].sets.push(set);
+        }
     }
     elements.insert(
         (index(TableId::main(family)), SET_HAIRPIN),
@@ -169,8 +196,9 @@ mod tests {
     use crate::nft::slots::SlotKey;
 
     use crate::core::net::Protocol;
+    use crate::nft::build::DISPATCH_KEY;
     use crate::nft::slots::{assign_slots, Fill};
-    use crate::ruleset::{Chain, Field, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
+    use crate::ruleset::{Field, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
     use std::net::IpAddr;
 
     fn key(name: &str) -> ServiceKey {
@@ -241,30 +269,71 @@ mod tests {
         terminating: true,
     };
 
-    /// The one Service port chain of a family in a ruleset built from one
-    /// single-port Service (in whichever Service table holds it).
-    fn service_chain(rs: &Ruleset, family: Family) -> &Chain {
-        rs.of_family(family)
-            .flat_map(|t| &t.chains)
-            .find(|c| c.name.starts_with("svc-"))
-            .expect("a Service port chain")
-    }
-
-    fn dnat_targets(chain: &Chain) -> Vec<String> {
-        chain
+    /// The endpoints, by slot, that a packet to `vip`:80/TCP is sent to: its
+    /// dispatch element's pick chain, and that chain's map's elements for the
+    /// entry. Checks the chain picks `numgen random mod n` over exactly n slots.
+    fn endpoints_of(rs: &Ruleset, family: Family, vip: &str) -> Vec<String> {
+        let entry = vec![
+            KeyValue::Addr(ip(vip)),
+            KeyValue::Proto(Protocol::Tcp),
+            KeyValue::Port(80),
+        ];
+        let (table, chain) = rs
+            .of_family(family)
+            .find_map(|t| {
+                let e = t
+                    .set(MAP_SERVICE_IPS)?
+                    .elements
+                    .iter()
+                    .find(|e| e.key == entry)?;
+                match &e.value {
+                    Some(Mapped::Verdict(Verdict::Goto(c))) => Some((t, t.chain(c)?)),
+                    _ => None,
+                }
+            })
+            .expect("a dispatch element to a chain");
+        let tcp = chain
             .rules
             .iter()
-            .filter_map(|r| {
-                r.stmts.iter().find_map(|s| match s {
-                    Stmt::Dnat { addr, port } => Some(format!("{addr}:{port}")),
-                    _ => None,
-                })
+            .find(|r| r.stmts[0] == Stmt::L4Proto(Protocol::Tcp))
+            .expect("a rule for TCP");
+        let [_, Stmt::DnatPick {
+            fields,
+            modulus,
+            map,
+        }] = tcp.stmts.as_slice()
+        else {
+            panic!("meta l4proto tcp dnat … map: {:?}", tcp.stmts);
+        };
+        assert_eq!(fields, &DISPATCH_KEY.to_vec());
+        let map = table.set(map).expect("the pick chain's map");
+        assert_eq!(map.data, Some(MapData::Endpoint(family)));
+        let slots: Vec<String> = (0..*modulus)
+            .map(|slot| {
+                let key = [entry.clone(), vec![KeyValue::Slot(slot)]].concat();
+                let e = map.elements.iter().find(|e| e.key == key);
+                let e = e.unwrap_or_else(|| panic!("slot {slot} of {modulus} in {}", map.name));
+                e.value.as_ref().unwrap().to_string()
+            })
+            .collect();
+        let of_entry = map.elements.iter().filter(|e| e.key[..3] == entry[..]);
+        assert_eq!(of_entry.count(), slots.len(), "no slot beyond the modulus");
+        slots
+    }
+
+    /// Every chain and set of a family's Service tables.
+    fn names(rs: &Ruleset, family: Family) -> Vec<String> {
+        rs.of_family(family)
+            .filter(|t| t.id().shard.is_some())
+            .flat_map(|t| {
+                let chains = t.chains.iter().map(|c| c.name.clone());
+                chains.chain(t.sets.iter().map(|s| s.name.clone()))
             })
             .collect()
     }
 
     #[test]
-    fn one_numgen_map_gives_every_endpoint_an_equal_share() {
+    fn one_pick_chain_gives_every_endpoint_an_equal_share() {
         let state = state_with(
             "web",
             &["10.0.0.10"],
@@ -275,56 +344,134 @@ mod tests {
             ],
         );
         let rs = translate(&state, &NodeConfig::default());
-        let chain = service_chain(&rs, Family::Ip);
-        let [rule] = chain.rules.as_slice() else {
-            panic!("one rule: {:?}", chain.rules);
-        };
-        let [Stmt::L4Proto(Protocol::Tcp), Stmt::DnatNumgenMap { modulus, map }] =
-            rule.stmts.as_slice()
-        else {
-            panic!("meta l4proto tcp dnat … map: {:?}", rule.stmts);
-        };
         // `numgen random mod 3` yields 0, 1 and 2 alike, and each names one endpoint.
-        assert_eq!(*modulus, 3);
-        let map = rs
-            .of_family(Family::Ip)
-            .find_map(|t| t.set(map))
-            .expect("the endpoint map beside the chain");
-        let slots: Vec<(KeyValue, String)> = map
-            .elements
-            .iter()
-            .map(|e| (e.key[0].clone(), e.value.as_ref().unwrap().to_string()))
-            .collect();
         assert_eq!(
-            slots,
-            vec![
-                (KeyValue::Slot(0), "10.244.0.1 . 9376".to_string()),
-                (KeyValue::Slot(1), "10.244.0.2 . 9376".to_string()),
-                (KeyValue::Slot(2), "10.244.0.3 . 9376".to_string()),
+            endpoints_of(&rs, Family::Ip, "10.0.0.10"),
+            [
+                "10.244.0.1 . 9376",
+                "10.244.0.2 . 9376",
+                "10.244.0.3 . 9376"
             ]
         );
-        assert_eq!(map.data, Some(MapData::Endpoint(Family::Ip, Protocol::Tcp)));
-        assert_eq!(chain.comment.as_deref(), Some("default/web:http"));
-        assert_eq!(map.comment.as_deref(), Some("default/web:http"));
-        assert!(chain.name.ends_with("-default/web/tcp/http"));
+        // The chain and map are the count's, not the Service's.
+        let home = rs
+            .get(TableId::shard(Family::Ip, shard_of(&key("web"))))
+            .unwrap();
+        let pick = home.chain("pick-3").expect("pick-3");
+        assert_eq!(pick.rules.len(), 3, "one rule per protocol");
+        assert!(home.set("endpoints-3-4").is_some());
         assert!(
-            map.name.starts_with("ep-") && map.name.len() == 16,
-            "{}",
-            map.name
+            !names(&rs, Family::Ip).iter().any(|n| n.contains("web")),
+            "no chain or set of its own: {:?}",
+            names(&rs, Family::Ip)
         );
     }
 
     #[test]
-    fn one_endpoint_is_a_plain_dnat_without_a_map() {
-        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+    fn services_with_the_same_count_share_one_chain_and_map() {
+        let mut state = ClusterState::default();
+        for (name, vip) in [("a", "10.0.0.10"), ("b", "10.0.0.11"), ("c", "10.0.0.12")] {
+            let mut s = state_with(
+                name,
+                &[vip],
+                &[("10.244.0.1", READY), ("10.244.0.2", READY)],
+            );
+            // All in one Service table: the tables differ by name hash only.
+            state.services.append(&mut s.services);
+            state.slices.append(&mut s.slices);
+        }
         let rs = translate(&state, &NodeConfig::default());
-        let chain = service_chain(&rs, Family::Ip);
-        assert_eq!(dnat_targets(chain), vec!["10.244.0.1:9376"]);
-        assert!(!rs
+        let maps: Vec<(TableId, usize)> = rs
             .tables
             .iter()
-            .flat_map(|t| &t.sets)
-            .any(|s| s.name.starts_with("ep-")));
+            .filter_map(|t| Some((t.id(), t.set("endpoints-2")?.elements.len())))
+            .collect();
+        let total: usize = maps.iter().map(|(_, n)| n).sum();
+        assert_eq!(total, 6, "two slots for each of three Services: {maps:?}");
+        for t in maps.iter().map(|(t, _)| rs.get(*t).unwrap()) {
+            assert_eq!(t.chains.iter().filter(|c| c.name == "pick-2").count(), 1);
+        }
+        for vip in ["10.0.0.10", "10.0.0.11", "10.0.0.12"] {
+            assert_eq!(endpoints_of(&rs, Family::Ip, vip).len(), 2);
+        }
+    }
+
+    #[test]
+    fn two_services_with_one_external_entry_the_first_keeps_it_whole() {
+        // Two names of one Service table.
+        let names: Vec<String> = (0..200).map(|i| format!("s{i}")).collect();
+        let (a, b) = names
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| {
+                let b = names[i + 1..]
+                    .iter()
+                    .find(|b| shard_of(&key(b)) == shard_of(&key(a)))?;
+                Some((a.clone(), b.clone()))
+            })
+            .unwrap();
+        // The first in the model's order (by name) is `a`.
+        let (a, b) = if a < b { (a, b) } else { (b, a) };
+        let mut state = ClusterState::default();
+        for (name, vip, eps) in [
+            (
+                &a,
+                "10.0.0.10",
+                &["10.244.0.1", "10.244.0.2", "10.244.0.3"][..],
+            ),
+            (
+                &b,
+                "10.0.0.11",
+                &["10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.1.4"][..],
+            ),
+        ] {
+            let ready: Vec<(&str, Conditions)> = eps.iter().map(|e| (*e, READY)).collect();
+            let mut s = state_with(name, &[vip], &ready);
+            for svc in s.services.values_mut() {
+                svc.external_ips = vec![ip("192.0.2.1")];
+            }
+            state.services.append(&mut s.services);
+            state.slices.append(&mut s.slices);
+        }
+        let rs = translate(&state, &NodeConfig::default());
+        let table = rs
+            .get(TableId::shard(Family::Ip, shard_of(&key(&a))))
+            .unwrap();
+        // Both counts, 3 and 4, share the map of 3 to 4 endpoints.
+        let external: Vec<String> = table
+            .set("endpoints-3-4")
+            .unwrap()
+            .elements
+            .iter()
+            .filter(|e| e.key[0] == KeyValue::Addr(ip("192.0.2.1")))
+            .map(|e| e.value.as_ref().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            external,
+            [
+                "10.244.0.1 . 9376",
+                "10.244.0.2 . 9376",
+                "10.244.0.3 . 9376"
+            ]
+        );
+        let dispatch = table.set(MAP_SERVICE_IPS).unwrap();
+        let to_external = dispatch
+            .elements
+            .iter()
+            .filter(|e| e.key[0] == KeyValue::Addr(ip("192.0.2.1")))
+            .map(|e| e.value.as_ref().unwrap().to_string())
+            .collect::<Vec<_>>();
+        assert_eq!(to_external, ["goto masquerade-pick-3"]);
+    }
+
+    #[test]
+    fn one_endpoint_is_slot_zero_of_the_map_of_one() {
+        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+        let rs = translate(&state, &NodeConfig::default());
+        assert_eq!(
+            endpoints_of(&rs, Family::Ip, "10.0.0.10"),
+            ["10.244.0.1 . 9376"]
+        );
     }
 
     #[test]
@@ -342,11 +489,11 @@ mod tests {
             ne[0].value,
             Some(Mapped::Verdict(Verdict::Goto(CHAIN_REJECT.into())))
         );
-        assert!(!rs
-            .tables
-            .iter()
-            .flat_map(|t| &t.chains)
-            .any(|c| c.name.starts_with("svc-")));
+        let skeleton = names(
+            &translate(&ClusterState::default(), &NodeConfig::default()),
+            Family::Ip,
+        );
+        assert_eq!(names(&rs, Family::Ip), skeleton, "no pick chain or map");
         assert_eq!(t.set(SET_CLUSTER_IPS).unwrap().elements.len(), 1);
     }
 
@@ -359,36 +506,36 @@ mod tests {
         );
         let rs = translate(&state, &NodeConfig::default());
         assert_eq!(
-            dnat_targets(service_chain(&rs, Family::Ip)),
-            vec!["10.244.0.1:9376"]
+            endpoints_of(&rs, Family::Ip, "10.0.0.10"),
+            ["10.244.0.1 . 9376"]
         );
 
         let state = state_with("web", &["10.0.0.10"], &[("10.244.0.2", TERMINATING)]);
         let rs = translate(&state, &NodeConfig::default());
         assert_eq!(
-            dnat_targets(service_chain(&rs, Family::Ip)),
-            vec!["10.244.0.2:9376"]
+            endpoints_of(&rs, Family::Ip, "10.0.0.10"),
+            ["10.244.0.2 . 9376"]
         );
     }
 
     #[test]
-    fn dual_stack_service_gets_a_chain_in_each_family_with_its_own_endpoints() {
+    fn dual_stack_service_picks_in_each_family_among_its_own_endpoints() {
         let state = state_with(
             "web",
             &["10.0.0.10", "fd00:10:96::10"],
             &[("10.244.0.1", READY), ("fd00:10:244::1", READY)],
         );
         let rs = translate(&state, &NodeConfig::default());
-        for (family, ep) in [
-            (Family::Ip, "10.244.0.1:9376"),
-            (Family::Ip6, "fd00:10:244::1:9376"),
+        for (family, vip, ep) in [
+            (Family::Ip, "10.0.0.10", "10.244.0.1 . 9376"),
+            (Family::Ip6, "fd00:10:96::10", "fd00:10:244::1 . 9376"),
         ] {
-            assert_eq!(dnat_targets(service_chain(&rs, family)), vec![ep]);
+            assert_eq!(endpoints_of(&rs, family, vip), [ep]);
         }
     }
 
     #[test]
-    fn a_services_chains_and_dispatch_elements_share_its_service_table() {
+    fn a_services_dispatch_elements_and_endpoints_share_its_service_table() {
         let mut state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
         let other = state_with("api", &["10.0.0.11"], &[("10.244.0.2", READY)]);
         state.services.extend(other.services);
@@ -400,21 +547,17 @@ mod tests {
             let home = rs
                 .get(TableId::shard(Family::Ip, shard_of(&key(name))))
                 .unwrap();
-            let chain = home
-                .chains
-                .iter()
-                .find(|c| c.name.contains(&format!("default/{name}/")))
-                .expect("its chain in its Service table");
             let dispatch = &home.set(MAP_SERVICE_IPS).unwrap().elements;
             assert_eq!(dispatch.len(), 1);
             assert_eq!(
                 dispatch[0].value,
-                Some(Mapped::Verdict(Verdict::Goto(chain.name.clone())))
+                Some(Mapped::Verdict(Verdict::Goto("pick-1".into())))
             );
+            assert_eq!(home.set("endpoints-1").unwrap().elements.len(), 1);
         }
-        // No Service chain anywhere else, and the main table has no dispatch map.
-        let chains = rs.tables.iter().flat_map(|t| &t.chains);
-        assert_eq!(chains.filter(|c| c.name.starts_with("svc-")).count(), 2);
+        // Nothing anywhere else, and the main table has no dispatch map.
+        let picks = rs.tables.iter().filter(|t| t.chain("pick-1").is_some());
+        assert_eq!(picks.count(), 2);
         assert!(rs.table(Family::Ip).unwrap().set(MAP_SERVICE_IPS).is_none());
     }
 

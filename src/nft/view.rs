@@ -37,11 +37,13 @@ pub fn slots(rules: &[RuleView]) -> Vec<(IpAddr, u16)> {
     rules.iter().rev().filter_map(|r| r.dnat).collect()
 }
 
-/// The endpoints of an endpoint map's elements, by slot.
+/// The endpoints of one entry's elements of an endpoint map, by slot (the
+/// last field of each key).
 pub fn map_slots<'a>(elements: impl Iterator<Item = &'a KernelElement>) -> Vec<(IpAddr, u16)> {
     let mut by_slot: Vec<(u32, (IpAddr, u16))> = elements
         .filter_map(|e| {
-            let slot = u32::from_ne_bytes(e.key.as_slice().try_into().ok()?);
+            let at = e.key.len().checked_sub(4)?;
+            let slot = u32::from_ne_bytes(e.key[at..].try_into().ok()?);
             match e.data {
                 Some(Mapped::Endpoint(addr, port)) => Some((slot, (addr, port))),
                 _ => None,
@@ -67,8 +69,24 @@ impl Elements {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&KernelElement> {
-        let at = self.0.binary_search_by(|e| e.key.as_slice().cmp(key));
-        at.ok().map(|i| &self.0[i])
+        self.index_of(key).map(|i| &self.0[i])
+    }
+
+    /// Where the element of this key is, in key order.
+    pub fn index_of(&self, key: &[u8]) -> Option<usize> {
+        self.0.binary_search_by(|e| e.key.as_slice().cmp(key)).ok()
+    }
+
+    pub fn as_slice(&self) -> &[KernelElement] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     pub fn iter(&self) -> std::slice::Iter<'_, KernelElement> {
@@ -101,7 +119,7 @@ pub struct TableView {
     pub sets: Vec<SetView>,
     pub chains: Vec<ChainView>,
     chain_index: HashMap<String, usize>,
-    // A Service table holds an endpoint map per Service port.
+    // A table of an earlier layout held an endpoint map per Service port.
     set_index: HashMap<String, usize>,
 }
 
