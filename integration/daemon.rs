@@ -574,6 +574,44 @@ fn a_health_port_held_by_another_process_is_served_once_it_is_free() {
     );
 }
 
+/// `/healthz` answers 200 as soon as the kernel serves the node's Services, and
+/// not before: at once over the tables an earlier run left (a restart), while
+/// the first sync has still to come; on a node with none, only after it. Here
+/// the first sync never comes: the manifest does not parse.
+#[test]
+fn healthz_is_200_over_an_earlier_runs_rules_before_the_first_sync_and_not_on_a_fresh_node() {
+    let c = Cluster::new("healthz", &WEB_PODS[..1], &[9376]);
+    let healthz = "127.0.0.1:10256";
+    let garbled = c.scratch.write("garbled.yaml", "kind: Service\nspec: [\n");
+    let status = |d: &Daemon| {
+        wait_until(Duration::from_secs(10), "/healthz to answer", || {
+            http_status(c.node(), healthz, "/healthz").is_some()
+        });
+        let (code, _) = http_status(c.node(), healthz, "/healthz").unwrap();
+        assert!(
+            !d.log_text().contains("programming"),
+            "a sync was started:\n{}",
+            d.log_text()
+        );
+        code
+    };
+    let args = ["--healthz-bind-address", healthz];
+    let d = Daemon::start(c.node(), &garbled, c.scratch.0.join("fresh.log"), &args);
+    assert_eq!(status(&d), 503, "nothing serves on a fresh node");
+    drop(d);
+
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    sync_once(c.node(), &manifests);
+    let d = Daemon::start(c.node(), &garbled, c.scratch.0.join("restart.log"), &args);
+    assert_eq!(status(&d), 200, "the earlier run's rules serve");
+    assert!(answers(c.client(), "10.96.0.10:80"));
+    assert!(
+        d.log_text().contains("in place from an earlier run"),
+        "{}",
+        d.log_text()
+    );
+}
+
 /// kubeadm's kube-proxy ConfigMap, every field present, in nftables mode.
 const KUBEADM_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

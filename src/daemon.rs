@@ -262,6 +262,19 @@ fn set_oom_score_adj(adj: i32) {
     }
 }
 
+/// Whether an earlier run's tables are in the kernel, serving (a restart).
+fn inherited_ruleset() -> bool {
+    let found = crate::netlink::NftSocket::open()
+        .map_err(|e| e.to_string())
+        .and_then(|mut sock| {
+            crate::nft::kernel::holds_our_tables(&mut sock).map_err(|e| e.to_string())
+        });
+    found.unwrap_or_else(|e| {
+        tracing::warn!("could not tell whether our tables are in place: {e}");
+        false
+    })
+}
+
 /// `kube-nft run`. `flags`: every flag of `run` with its value, for `/flagz`.
 pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result<(), String> {
     settings.node.validate().map_err(|e| e.to_string())?;
@@ -282,6 +295,12 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
     health.queued();
+    if inherited_ruleset() {
+        tracing::info!(
+            "our tables are in place from an earlier run and serve until the first sync: /healthz answers 200"
+        );
+        health.inherit_ruleset();
+    }
     metrics.queued(SystemTime::now());
     let from_api = matches!(settings.source, Source::Api(_));
 

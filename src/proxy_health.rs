@@ -1,6 +1,10 @@
 //! kube-proxy's own health endpoint (`--healthz-bind-address`, `/healthz` and
-//! `/livez`): healthy once the first sync is in, and while no change has waited
-//! longer than the timeout (kube-proxy's: twice the sync period) to be programmed.
+//! `/livez`): healthy while the kernel serves this node's Services and no
+//! change has waited longer than the timeout (kube-proxy's: twice the sync
+//! period) to be programmed. The kernel serves them once the first sync is in,
+//! or from the start when an earlier run's tables are in place (a restart):
+//! kube-proxy answers 200 from its start, even on a node it has programmed
+//! nothing on yet; kube-nft does as soon as that is true, and not before.
 //! `/healthz` also fails while the node is being deleted. The JSON body has
 //! kube-proxy's fields.
 
@@ -16,6 +20,9 @@ pub struct ProxyHealth {
 
 struct State {
     last_updated: Option<SystemTime>,
+    /// The kernel held our tables when this process started: the rules of an
+    /// earlier run serve until the first sync brings them up to date.
+    inherited: bool,
     oldest_pending: Option<Instant>,
     /// Whether load balancers may send this node traffic (see `node_eligible`).
     node_eligible: bool,
@@ -46,6 +53,7 @@ impl ProxyHealth {
             timeout,
             state: Mutex::new(State {
                 last_updated: None,
+                inherited: false,
                 oldest_pending: None,
                 node_eligible: true,
             }),
@@ -56,6 +64,11 @@ impl ProxyHealth {
     pub fn queued(&self) {
         let mut s = self.state.lock().unwrap();
         s.oldest_pending.get_or_insert_with(Instant::now);
+    }
+
+    /// At start, before the first sync: the kernel already holds our tables.
+    pub fn inherit_ruleset(&self) {
+        self.state.lock().unwrap().inherited = true;
     }
 
     /// A sync succeeded: everything queued before it is programmed.
@@ -84,7 +97,8 @@ impl ProxyHealth {
     }
 
     fn healthy_in(&self, s: &State) -> bool {
-        s.last_updated.is_some() && s.oldest_pending.is_none_or(|t| t.elapsed() <= self.timeout)
+        (s.last_updated.is_some() || s.inherited)
+            && s.oldest_pending.is_none_or(|t| t.elapsed() <= self.timeout)
     }
 
     /// The answer to `/healthz` and `/livez` (anything else: 404), in
@@ -141,6 +155,19 @@ mod tests {
         h.updated();
         assert_eq!(h.respond("/healthz").status, 200);
         assert_eq!(h.respond("/other").status, 404);
+    }
+
+    #[test]
+    fn over_an_earlier_runs_rules_healthy_from_the_start_until_a_change_waits_too_long() {
+        let h = ProxyHealth::new(Duration::from_millis(50));
+        h.queued();
+        h.inherit_ruleset();
+        assert_eq!(h.respond("/healthz").status, 200);
+        assert_eq!(h.respond("/livez").status, 200);
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(h.respond("/healthz").status, 503);
+        h.updated();
+        assert_eq!(h.respond("/healthz").status, 200);
     }
 
     #[test]

@@ -110,6 +110,20 @@ pub fn apply(sock: &mut NftSocket, ruleset: &Ruleset) -> Result<Committed, NftEr
     sock.commit(batch)
 }
 
+/// Whether the kernel already holds our main table in either family (an
+/// earlier run's, at start): one dump of the table names, nothing more.
+pub fn holds_our_tables(sock: &mut NftSocket) -> Result<bool, NftError> {
+    for family in Family::ALL {
+        if sock
+            .find_table(family, TableId::main(family).name())?
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Removes our tables from the current network namespace, touching nothing else.
 pub fn cleanup(sock: &mut NftSocket) -> Result<Committed, NftError> {
     sock.commit(delete_tables(all_tables()))
