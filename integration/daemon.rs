@@ -612,6 +612,59 @@ fn healthz_is_200_over_an_earlier_runs_rules_before_the_first_sync_and_not_on_a_
     );
 }
 
+/// A node upgraded from a kube-nft of the layout before issue #31 (a chain and
+/// an endpoint map per Service port in each Service table): the first sync
+/// replaces each Service table whole (its comment names the old layout), in
+/// its one transaction, while requests through the VIP go on answering.
+#[test]
+fn a_ruleset_of_the_per_service_layout_is_replaced_in_one_sync_while_requests_answer() {
+    let c = Cluster::new("upgrade", &WEB_PODS, &[9376]);
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    );
+    let text = std::fs::read_to_string(&manifests).unwrap();
+    let loaded = kube_nft::source::files::parse(&text, "web.yaml").unwrap();
+    let state = kube_nft::core::convert::validate(&loaded.objects, None).state;
+    let old = c.scratch.write(
+        "old.nft",
+        &kube_nft::bench::dataplane::per_service_layout(&state),
+    );
+    exec_in(c.node(), &["nft", "-f", old.to_str().unwrap()]);
+    let before = nft_list(c.node());
+    assert!(before.contains("map @ep-"), "the old layout:\n{before}");
+    let t = tally(c.client(), WEB_VIP, 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "before: {t:?}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = keep_connecting(c.client(), WEB_VIP, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let out = sync_once(c.node(), &manifests);
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (answered, failed) = requests.join().unwrap();
+    assert!(
+        answered > 10 && failed.is_empty(),
+        "{answered} answered, failed: {failed:?}"
+    );
+
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(log.matches("synced in").count(), 1, "one sync:\n{log}");
+    let after = nft_list(c.node());
+    assert!(
+        !after.contains("map ep-") && !after.contains("chain svc-"),
+        "the old layout is gone:\n{after}"
+    );
+    assert!(after.contains("chain pick-3 {"), "{after}");
+    let again = sync_once(c.node(), &manifests);
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("messages=0 bytes=0"),
+        "a second sync finds nothing to do"
+    );
+    let t = tally(c.client(), WEB_VIP, 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "after: {t:?}");
+}
+
 /// kubeadm's kube-proxy ConfigMap, every field present, in nftables mode.
 const KUBEADM_CONFIG: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration

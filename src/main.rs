@@ -198,6 +198,9 @@ struct VersusArgs {
     /// Where each process's log goes.
     #[arg(long, default_value = "/var/tmp/kube-nft-bench-kube-proxy")]
     logs: PathBuf,
+    /// Write an SVG plot of start → first traffic per 1k Services here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// kube-proxy's logging flags, so that a DaemonSet's args carry over.
@@ -644,6 +647,7 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
         contenders,
         start_limit: Duration::from_secs(args.start_limit),
         logs: args.logs.clone(),
+        plot: args.plot.clone(),
     })?;
     Ok(true)
 }

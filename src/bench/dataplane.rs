@@ -1,14 +1,20 @@
 //! Data plane: new TCP connections per second, and the connect latency (the first
 //! packet's trip through NAT), through one ClusterIP while 1, 1k, 10k… Services are
-//! programmed, with kube-nft's ruleset and with kube-proxy's iptables-mode shape
-//! (KUBE-SERVICES → KUBE-SVC-* with `statistic` → KUBE-SEP-* DNAT) loaded by
-//! `iptables-legacy-restore`, in the same topology and the same run.
+//! programmed, with kube-nft's ruleset, with kube-nft's ruleset as it was before
+//! issue #31 (a chain and map per Service port, loaded by `nft -f`), and with
+//! kube-proxy's iptables-mode shape (KUBE-SERVICES → KUBE-SVC-* with `statistic`
+//! → KUBE-SEP-* DNAT) loaded by `iptables-legacy-restore`, in the same topology
+//! and the same run.
 
 use super::median;
 use crate::core::model::ClusterState;
+use crate::core::net::Family;
 use crate::lab::topology::Topology;
 use crate::netns::{in_netns, sysctl_in};
+use crate::nft::names::shard_of;
+use crate::ruleset::TableId;
 use crate::synthetic::{self, service_key, vip};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -191,6 +197,72 @@ const KUBE_PROXY_FILTER: &str = "*filter
 COMMIT
 ";
 
+/// kube-nft's ruleset as it was before issue #31, for `nft -f`: today's main
+/// tables, and Service tables that hold a chain and an endpoint map per Service
+/// port, the dispatch element going to the port's chain (docs/DESIGN.md, "The
+/// Service chain's shape, chosen again"). IPv4 and TCP, as the synthetic
+/// cluster is.
+pub fn per_service_layout(state: &ClusterState) -> String {
+    let config = synthetic::node_config();
+    let rs = crate::nft::translate::translate(state, &config);
+    let mut out: String = rs
+        .tables
+        .iter()
+        .filter(|t| t.id().shard.is_none())
+        .map(crate::text::table)
+        .collect();
+    let mut shards: BTreeMap<u16, (String, Vec<String>)> = BTreeMap::new();
+    for (i, (key, svc)) in state.services.iter().enumerate() {
+        let port = &svc.ports[0];
+        let eps = state.endpoints_for(svc, port);
+        if eps.is_empty() {
+            continue;
+        }
+        let (body, dispatch) = shards.entry(shard_of(key)).or_default();
+        let chain = format!("svc-{i:06}");
+        let pick = match eps.as_slice() {
+            [e] => format!("dnat to {}:{}", e.addr, e.port),
+            _ => {
+                let slots: Vec<String> = eps
+                    .iter()
+                    .enumerate()
+                    .map(|(k, e)| format!("{k} : {} . {}", e.addr, e.port))
+                    .collect();
+                writeln!(
+                    body,
+                    "\tmap ep-{i:06} {{ typeof numgen random mod 1 : ip daddr . tcp dport; elements = {{ {} }} }}",
+                    slots.join(", ")
+                )
+                .unwrap();
+                format!("dnat ip to numgen random mod {} map @ep-{i:06}", eps.len())
+            }
+        };
+        writeln!(body, "\tchain {chain} {{ meta l4proto tcp {pick}; }}").unwrap();
+        dispatch.push(format!(
+            "{} . tcp . {} : goto {chain}",
+            svc.cluster_ips[0], port.port
+        ));
+    }
+    for (shard, (body, dispatch)) in shards {
+        let table = TableId::shard(Family::Ip, shard).name();
+        let _ = write!(
+            out,
+            "table ip {table} {{\n\tmap service-ips {{ type ipv4_addr . inet_proto . inet_service : verdict; }}\n\
+             \tchain nat-prerouting {{ type nat hook prerouting priority -99; policy accept; jump services; }}\n\
+             \tchain nat-output {{ type nat hook output priority -99; policy accept; jump services; }}\n\
+             \tchain services {{ ip daddr . meta l4proto . th dport vmap @service-ips; }}\n{body}}}\n"
+        );
+        for part in dispatch.chunks(1000) {
+            let _ = writeln!(
+                out,
+                "add element ip {table} service-ips {{ {} }}",
+                part.join(", ")
+            );
+        }
+    }
+    out
+}
+
 fn run_in(ns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns, program])
@@ -274,22 +346,26 @@ pub fn data_plane(
         for (n, state, target) in &clusters {
             for ruleset in RULESETS {
                 let start = Instant::now();
-                if ruleset == KUBE_NFT {
-                    let s = state.clone();
-                    in_netns(&node, move || -> Result<(), String> {
-                        let mut p = crate::assemble::proxy(synthetic::node_config())
-                            .map_err(|e| e.to_string())?;
-                        p.replace_state(s);
-                        p.sync().map(|_| ()).map_err(|e| e.to_string())
-                    })
-                    .map_err(|e| e.to_string())??;
-                } else {
-                    run_in(
+                match ruleset {
+                    KUBE_NFT => {
+                        let s = state.clone();
+                        in_netns(&node, move || -> Result<(), String> {
+                            let mut p = crate::assemble::proxy(synthetic::node_config())
+                                .map_err(|e| e.to_string())?;
+                            p.replace_state(s);
+                            p.sync().map(|_| ()).map_err(|e| e.to_string())
+                        })
+                        .map_err(|e| e.to_string())??;
+                    }
+                    PER_SERVICE => {
+                        run_in(&node, "nft", &["-f", "-"], Some(&per_service_layout(state)))?
+                    }
+                    _ => run_in(
                         &node,
                         "iptables-legacy-restore",
                         &[],
                         Some(&iptables_shape(state, "10.128.0.0/9")),
-                    )?;
+                    )?,
                 }
                 let load_ms = start.elapsed().as_secs_f64() * 1000.0;
                 run_in(&node, "conntrack", &["-F"], None).ok();
@@ -304,7 +380,7 @@ pub fn data_plane(
                     latencies,
                     failed,
                 });
-                if ruleset == KUBE_NFT {
+                if ruleset != IPTABLES {
                     in_netns(&node, || {
                         let mut s = crate::netlink::NftSocket::open()?;
                         crate::nft::kernel::cleanup(&mut s).map_err(std::io::Error::other)
@@ -325,8 +401,9 @@ pub fn data_plane(
 }
 
 const KUBE_NFT: &str = "kube-nft";
+const PER_SERVICE: &str = "kube-nft before #31 (a chain and map per Service)";
 const IPTABLES: &str = "iptables (kube-proxy shape)";
-const RULESETS: [&str; 2] = [KUBE_NFT, IPTABLES];
+const RULESETS: [&str; 3] = [KUBE_NFT, PER_SERVICE, IPTABLES];
 
 /// One size and ruleset in one round.
 struct Sample {
@@ -351,6 +428,7 @@ pub struct DataPlane {
 pub struct PairedRatios {
     pub services: usize,
     pub scale: Vec<f64>,
+    pub per_service: Vec<f64>,
     pub iptables: Vec<f64>,
 }
 
@@ -373,6 +451,10 @@ impl DataPlane {
                 scale: rounds
                     .iter()
                     .filter_map(|r| ratio(r, (n, KUBE_NFT), (smallest, KUBE_NFT)))
+                    .collect(),
+                per_service: rounds
+                    .iter()
+                    .filter_map(|r| ratio(r, (n, KUBE_NFT), (n, PER_SERVICE)))
                     .collect(),
                 iptables: rounds
                     .iter()
@@ -431,15 +513,16 @@ pub fn data_table(dp: &DataPlane) -> String {
     };
     let _ = write!(
         out,
-        "\nRatios of connection rates paired within each of {} rounds (median, then each round):\n\n| Services | kube-nft / kube-nft at {} | kube-nft / iptables shape |\n|---|---|---|\n",
+        "\nRatios of connection rates paired within each of {} rounds (median, then each round):\n\n| Services | kube-nft / kube-nft at {} | kube-nft / kube-nft before #31 | kube-nft / iptables shape |\n|---|---|---|---|\n",
         dp.rounds, dp.smallest
     );
     for r in dp.ratios.iter().filter(|r| !r.scale.is_empty()) {
         writeln!(
             out,
-            "| {} | {} | {} |",
+            "| {} | {} | {} | {} |",
             r.services,
             spread(&r.scale),
+            spread(&r.per_service),
             spread(&r.iptables)
         )
         .unwrap();

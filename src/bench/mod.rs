@@ -143,7 +143,7 @@ fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync
 
 /// Loads a file with `nft -f` inside a fresh namespace; returns the wall time in
 /// ms of the process, as `run_child` times ours.
-fn time_nft_file(tag: &str, path: &std::path::Path) -> Result<f64, String> {
+pub(crate) fn time_nft_file(tag: &str, path: &std::path::Path) -> Result<f64, String> {
     let ns = Netns::create(tag).map_err(|e| e.to_string())?;
     let start = Instant::now();
     let out = Command::new("ip")

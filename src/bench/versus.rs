@@ -91,6 +91,8 @@ pub struct VersusOptions {
     pub start_limit: Duration,
     /// Each process's log goes here.
     pub logs: PathBuf,
+    /// Where the plot of start → first traffic per 1k Services goes, if anywhere.
+    pub plot: Option<PathBuf>,
 }
 
 /// The medians of one contender at one size.
@@ -101,7 +103,14 @@ pub struct Figures {
     pub delete_to_kernel: f64,
     pub restart_to_healthy: f64,
     pub peak_rss_mib: f64,
+    /// The same ruleset, as `nft list ruleset` printed it once the contender had
+    /// synced, loaded by `nft -f` into an empty namespace (a process, from start
+    /// to exit); `None` for iptables-nft's, which nft cannot load.
+    pub nft_f: Option<f64>,
 }
+
+/// Each contender's figures at one size, or why it has none.
+type Results = Vec<(Contender, Result<Figures, String>)>;
 
 /// Prints a table per size as soon as it is measured.
 pub fn versus(opts: &VersusOptions) -> Result<(), String> {
@@ -119,6 +128,7 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
     });
     std::fs::create_dir_all(&opts.logs).map_err(|e| e.to_string())?;
     let mut made = 0;
+    let mut all = Vec::new();
     for &size in &opts.sizes {
         let t = Instant::now();
         // The probe is the last Service; an earlier size's becomes an ordinary one.
@@ -146,8 +156,51 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
             results.push((c, f));
         }
         print!("{}", table(size, opts.runs, &results));
+        all.push((size, results));
+    }
+    if let Some(path) = &opts.plot {
+        std::fs::write(path, plot(&all)).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The cost of a first sync per 1k Services against the cluster size, log-log:
+/// each contender's start → first traffic, and `nft -f` of kube-nft's ruleset.
+/// A linear cost is a flat line.
+fn plot(all: &[(usize, Results)]) -> String {
+    use super::plot::{chart, Axes, Series};
+    let per_1k = |get: &dyn Fn(&Figures) -> Option<f64>, c: Contender| -> Vec<(f64, f64)> {
+        all.iter()
+            .filter_map(|(size, results)| {
+                let f = results.iter().find(|(k, _)| *k == c)?.1.as_ref().ok()?;
+                let k = *size as f64 / 1000.0;
+                Some((k, get(f)? * 1000.0 / k))
+            })
+            .collect()
+    };
+    let colors = ["#1f77b4", "#d62728", "#9467bd"];
+    let mut series: Vec<Series> = Contender::ALL
+        .into_iter()
+        .zip(colors)
+        .map(|(c, color)| Series {
+            name: format!("{}: start → first traffic", c.title()),
+            color,
+            points: per_1k(&|f| Some(f.start_to_traffic), c),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    series.push(Series {
+        name: "nft -f of kube-nft's ruleset".into(),
+        color: "#ff7f0e",
+        points: per_1k(&|f| f.nft_f, Contender::KubeNft),
+    });
+    chart(
+        "First sync of N Services × 10 endpoints, per 1k Services",
+        "Services (thousands)",
+        "ms per 1k Services",
+        &series,
+        Axes::LogLog,
+    )
 }
 
 async fn client(kubeconfig: &std::path::Path) -> Result<Client, String> {
@@ -352,6 +405,12 @@ fn measure(
     wait_healthy(healthz, Instant::now(), Duration::from_secs(120))?;
     // Its first sync may be followed by another; let it settle.
     std::thread::sleep(Duration::from_secs(3));
+    let nft_f = match c {
+        Contender::KubeProxyIptables => None,
+        _ => Some(nft_f_of_this_ruleset(
+            &opts.logs.join(format!("{tag}.nft")),
+        )?),
+    };
 
     let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
@@ -409,7 +468,17 @@ fn measure(
         delete_to_kernel: median(delete),
         restart_to_healthy: median(restart),
         peak_rss_mib,
+        nft_f,
     })
+}
+
+/// Lists the node's ruleset into `file`, then times `nft -f` of it into an
+/// empty namespace, as a process: what the same ruleset costs through nft.
+fn nft_f_of_this_ruleset(file: &std::path::Path) -> Result<f64, String> {
+    std::fs::write(file, nft(None, &["list", "ruleset"])?).map_err(|e| e.to_string())?;
+    let seconds = super::time_nft_file("kb-nft-f", file).map(|ms| ms / 1000.0);
+    let _ = std::fs::remove_file(file);
+    seconds
 }
 
 /// Seconds from `since` until a new connection to `target` is answered: one
@@ -528,8 +597,13 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
     let columns = results.len() + if ours.is_some() { others.len() } else { 0 };
     let _ = writeln!(out, "|---|{}", "---|".repeat(columns));
     type Row = (&'static str, fn(&Figures) -> f64, &'static str);
-    let rows: [Row; 5] = [
+    let rows: [Row; 6] = [
         ("start → first traffic", |f| f.start_to_traffic, "s"),
+        (
+            "`nft -f` of the ruleset it wrote (a process)",
+            |f| f.nft_f.unwrap_or(f64::NAN),
+            "s",
+        ),
         ("endpoint removed → kernel", |f| f.endpoint_to_kernel, "s"),
         ("Service deleted → kernel", |f| f.delete_to_kernel, "s"),
         ("restart → healthy", |f| f.restart_to_healthy, "s"),
@@ -539,6 +613,7 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         let _ = write!(out, "| {name} |");
         for (_, f) in results {
             match f {
+                Ok(f) if get(f).is_nan() => out.push_str(" — |"),
                 Ok(f) if unit == "s" => {
                     let _ = write!(out, " {} |", seconds(get(f)));
                 }
@@ -551,7 +626,7 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         if let Some(ours) = ours {
             for (_, f) in &others {
                 match f {
-                    Ok(f) => {
+                    Ok(f) if !(get(f) / get(ours)).is_nan() => {
                         let r = get(f) / get(ours);
                         let _ = if r < 10.0 {
                             write!(out, " {r:.1}× |")
@@ -559,7 +634,7 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
                             write!(out, " {r:.0}× |")
                         };
                     }
-                    Err(_) => out.push_str(" — |"),
+                    _ => out.push_str(" — |"),
                 }
             }
         }
@@ -585,6 +660,7 @@ mod tests {
             delete_to_kernel: 0.25,
             restart_to_healthy: 1.0,
             peak_rss_mib: 100.0,
+            nft_f: Some(0.5),
         };
         let theirs = Figures {
             start_to_traffic: 15.0,
@@ -592,6 +668,7 @@ mod tests {
             delete_to_kernel: 0.5,
             restart_to_healthy: 0.5,
             peak_rss_mib: 500.0,
+            nft_f: None,
         };
         let t = table(
             10_000,
@@ -621,6 +698,40 @@ mod tests {
             t.contains("| peak RSS | 100 MiB | 500 MiB | — | 5.0× | — |"),
             "{t}"
         );
+        assert!(
+            t.contains("| `nft -f` of the ruleset it wrote (a process) | 500 ms | — | — | — | — |"),
+            "{t}"
+        );
         assert!(t.ends_with("\nno answer in 600s\n"), "{t}");
+    }
+
+    #[test]
+    fn the_plot_has_a_point_per_size_that_synced_per_1k_services() {
+        let f = |start: f64| Figures {
+            start_to_traffic: start,
+            nft_f: Some(start / 2.0),
+            ..Figures::default()
+        };
+        let svg = plot(&[
+            (
+                1_000,
+                vec![
+                    (Contender::KubeNft, Ok(f(0.2))),
+                    (Contender::KubeProxyNftables, Ok(f(1.0))),
+                ],
+            ),
+            (
+                100_000,
+                vec![
+                    (Contender::KubeNft, Ok(f(10.0))),
+                    (Contender::KubeProxyNftables, Err("did not sync".into())),
+                ],
+            ),
+        ]);
+        // kube-nft: 200 and 100 ms per 1k; kube-proxy: one point; nft -f: two.
+        assert_eq!(svg.matches("<circle").count(), 2 + 1 + 2, "{svg}");
+        assert!(svg.contains("kube-proxy nftables: start → first traffic"));
+        assert!(!svg.contains("kube-proxy iptables"), "no points, no series");
+        assert!(svg.contains(">100<") && svg.contains(">1000<"), "{svg}");
     }
 }
