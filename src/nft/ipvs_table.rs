@@ -118,7 +118,7 @@ pub(super) fn ipvs_rules(
                 ));
             }
         }
-        s.external_elements(&mut out, &p, &chains, None, None);
+        s.external_elements(&mut out, &p, None, None);
     }
     out.finish()
 }

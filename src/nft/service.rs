@@ -386,8 +386,9 @@ impl<'a> ServiceIn<'a> {
         }
     }
 
-    /// Names the chain of kind `kind` that picks among `chosen` (`None` if
-    /// there is none to pick), and records the endpoints that may hairpin.
+    /// Names the port's own chain of kind `kind` that picks among `chosen`
+    /// (`None` if there is none to pick), and records the endpoints that may
+    /// hairpin.
     pub(super) fn policy_chain_name(
         &self,
         out: &mut ServiceRules,
@@ -395,31 +396,36 @@ impl<'a> ServiceIn<'a> {
         p: &PortIn,
         chosen: &[&PortEndpoint],
     ) -> Option<String> {
-        if chosen.is_empty() {
-            return None;
-        }
+        self.record_hairpin(out, chosen);
+        (!chosen.is_empty()).then(|| chain_name(kind, &p.port_id))
+    }
+
+    /// Records the endpoints of `chosen` that may hairpin.
+    pub(super) fn record_hairpin(&self, out: &mut ServiceRules, chosen: &[&PortEndpoint]) {
         let here = chosen.iter().filter(|e| may_hairpin(e, self.node));
         out.hairpin.extend(here.map(|e| e.addr));
-        Some(chain_name(kind, &p.port_id))
     }
 
     /// The elements of the port's external addresses and NodePort that both
     /// flavours have: to the nftables flavour's chain for each kind of entry
     /// (`address`, `nodeport`) if there is one, to a refusal if the external
-    /// policy's endpoints are none (`chains.external`), and to the source-range
-    /// firewall.
+    /// policy has no endpoint to pick, and to the source-range firewall.
     pub(super) fn external_elements(
         &self,
         out: &mut ServiceRules,
         p: &PortIn,
-        chains: &PolicyChains,
         address: Option<&str>,
         nodeport: Option<&str>,
     ) {
         let served = |key: Vec<KeyValue>, to: Option<&str>| {
             to.map(|c| element(key, Some(Verdict::Goto(c.to_string())), &p.label))
         };
-        let unserved = p.unserved(chains.external(self.svc));
+        let policy = if self.svc.external_policy_local {
+            &p.eps.local
+        } else {
+            &p.eps.cluster
+        };
+        let unserved = p.unserved(!policy.is_empty());
         let refused = |key: Vec<KeyValue>| {
             unserved
                 .as_ref()
@@ -453,21 +459,21 @@ impl<'a> ServiceIn<'a> {
 }
 
 impl PortIn<'_> {
-    /// What happens to traffic that `target` would serve when it is `None`: no
-    /// endpoints at all is refused at once; endpoints only elsewhere (a Local
-    /// policy) is dropped.
-    pub(super) fn unserved(&self, target: Option<&str>) -> Option<Verdict> {
-        match (self.eps.has_any, target) {
+    /// What happens to traffic whose policy has no endpoint to pick (`served`
+    /// false): no endpoints at all is refused at once; endpoints only elsewhere
+    /// (a Local policy) is dropped.
+    pub(super) fn unserved(&self, served: bool) -> Option<Verdict> {
+        match (self.eps.has_any, served) {
             (false, _) => Some(Verdict::Goto(CHAIN_REJECT.into())),
-            (true, None) => Some(Verdict::Drop),
-            (true, Some(_)) => None,
+            (true, false) => Some(Verdict::Drop),
+            (true, true) => None,
         }
     }
 
     /// The ClusterIP's `no-endpoint-services` element, for when no chain
     /// serves internal traffic.
     pub(super) fn vip_unserved(&self) -> (&'static str, Element) {
-        let verdict = self.unserved(None);
+        let verdict = self.unserved(false);
         (
             MAP_NO_ENDPOINT_SERVICES,
             element(self.vip_key.clone(), verdict, &self.label),
@@ -560,11 +566,8 @@ fn shared_port(
     placement: &dyn Placement,
 ) {
     let svc = s.svc;
-    // Only names here (the IPVS flavour's way): which policies have endpoints.
-    let chains = PolicyChains {
-        cluster: s.policy_chain_name(out, "svc", p, &p.eps.cluster),
-        local: s.policy_chain_name(out, "local", p, &p.eps.local),
-    };
+    s.record_hairpin(out, &p.eps.cluster);
+    s.record_hairpin(out, &p.eps.local);
     let group = |kind: EntryKind, local: bool| {
         let chosen = if local { &p.eps.local } else { &p.eps.cluster };
         (!chosen.is_empty()).then_some(PickGroup {
@@ -655,7 +658,7 @@ fn shared_port(
         out.chains.extend(chain);
     }
     let [address, nodeport] = targets;
-    s.external_elements(out, p, &chains, address.as_deref(), nodeport.as_deref());
+    s.external_elements(out, p, address.as_deref(), nodeport.as_deref());
 }
 
 /// A port with session affinity: its own cascade chains (`svc-`, `local-`)
@@ -724,6 +727,6 @@ fn cascade_port(
         None
     };
     let target = external.as_ref().map(|c| c.name.as_str());
-    s.external_elements(out, p, &chains, target, target);
+    s.external_elements(out, p, target, target);
     out.chains.extend(external);
 }
