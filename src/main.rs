@@ -161,6 +161,10 @@ struct BenchArgs {
     /// Services fed through the loopback API server to `kube-nft run` (10 endpoints each).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     api_sizes: Vec<usize>,
+    /// FROM,TO: grow the cluster from FROM Services to TO, FROM at a time, each
+    /// step a partial sync, while a client connects through one ClusterIP.
+    #[arg(long, value_name = "FROM,TO", value_parser = parse_growth)]
+    growth: Option<(usize, usize)>,
 }
 
 #[derive(Args)]
@@ -652,6 +656,19 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
     Ok(true)
 }
 
+/// `FROM,TO` of `bench --growth`: two Service counts, the first the smaller.
+fn parse_growth(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("{s:?} is not FROM,TO (two numbers of Services, FROM smaller)");
+    let (from, to) = s.split_once(',').ok_or_else(bad)?;
+    let (from, to): (usize, usize) = (
+        from.trim().parse().map_err(|_| bad())?,
+        to.trim().parse().map_err(|_| bad())?,
+    );
+    (0 < from && from < to)
+        .then_some((from, to))
+        .ok_or_else(bad)
+}
+
 fn bench(args: BenchArgs) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Err("kube-nft bench creates network namespaces and needs root".into());
@@ -672,5 +689,6 @@ fn bench(args: BenchArgs) -> Result<(), String> {
         dataplane_seconds: args.dataplane_seconds,
         plot: args.plot,
         api_sizes: args.api_sizes,
+        growth: args.growth,
     })
 }

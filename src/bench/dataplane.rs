@@ -110,6 +110,17 @@ fn hammer(target: SocketAddr, seconds: f64) -> (Vec<f64>, usize) {
     (lat, failed)
 }
 
+/// `hammer` until `stop` is set.
+fn hammer_until(target: SocketAddr, stop: &AtomicBool) -> (Vec<f64>, usize) {
+    let (mut lat, mut failed) = (Vec::new(), 0);
+    while !stop.load(Ordering::Relaxed) {
+        let (l, f) = hammer(target, 0.1);
+        lat.extend(l);
+        failed += f;
+    }
+    (lat, failed)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -398,6 +409,113 @@ pub fn data_plane(
         rounds.push(round);
     }
     Ok(DataPlane::from_rounds(sizes, rounds))
+}
+
+/// Growing the cluster while a client connects: one step of Services added.
+pub struct GrowthStep {
+    pub services: usize,
+    pub sync_ms: f64,
+    pub bytes: usize,
+}
+
+/// The growth's steps, and the client's connections through all of them.
+pub struct Growth {
+    pub from: usize,
+    pub steps: Vec<GrowthStep>,
+    pub connections: usize,
+    pub failed: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+/// The cluster grown from `from` Services to `to`, `from` at a time, each step
+/// one partial sync of one long-lived proxy, while a client opens new
+/// connections through one ClusterIP from before the first step to after the
+/// last: every step's sync, and the connections made and failed meanwhile.
+pub fn growth(from: usize, to: usize, prefix: &str) -> Result<Growth, String> {
+    let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
+    let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
+    let pod_ns = topo
+        .add_pod("backend", &backend)
+        .map_err(|e| e.to_string())?
+        .ns
+        .name
+        .clone();
+    let _server = EchoServer::start(&pod_ns)?;
+    sysctl_in(
+        &topo.node.name,
+        "net.netfilter.nf_conntrack_tcp_timeout_close",
+        "1",
+    )
+    .ok();
+    let (state, target) = cluster(from, &backend);
+    let node = topo.node.name.clone();
+    let client = topo.client.name.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready, programmed) = std::sync::mpsc::channel::<()>();
+    let clients = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            // From the first full sync on.
+            programmed.recv().map_err(|e| e.to_string())?;
+            in_netns(&client, move || hammer_until(target, &stop)).map_err(|e| e.to_string())
+        }
+    });
+    let steps = in_netns(&node, move || -> Result<Vec<GrowthStep>, String> {
+        let mut p = crate::assemble::proxy(synthetic::node_config()).map_err(|e| e.to_string())?;
+        p.replace_state(state);
+        p.sync().map_err(|e| e.to_string())?;
+        let _ = ready.send(());
+        std::thread::sleep(Duration::from_millis(500));
+        let mut steps = Vec::new();
+        let mut n = from;
+        while n < to {
+            let next = (n + from).min(to);
+            for i in n..next {
+                synthetic::add_service(&mut p, i, 10);
+            }
+            let r = p.sync().map_err(|e| e.to_string())?;
+            steps.push(GrowthStep {
+                services: next,
+                sync_ms: r.duration.as_secs_f64() * 1000.0,
+                bytes: r.committed.bytes,
+            });
+            n = next;
+        }
+        Ok(steps)
+    })
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let steps = steps?;
+    let (mut latencies, failed) = clients
+        .join()
+        .map_err(|_| "the client thread panicked".to_string())??;
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    Ok(Growth {
+        from,
+        steps,
+        connections: latencies.len(),
+        failed,
+        p50_us: percentile(&latencies, 0.5),
+        p99_us: percentile(&latencies, 0.99),
+    })
+}
+
+pub fn growth_table(g: &Growth) -> String {
+    let mut out = format!(
+        "Connections through one ClusterIP all along: {} made, {} failed; connect p50 {:.0} µs, p99 {:.0} µs.\n\n| Services after the step | partial sync | bytes |\n|---|---|---|\n",
+        g.connections, g.failed, g.p50_us, g.p99_us
+    );
+    for s in &g.steps {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} ms | {} |",
+            s.services, s.sync_ms, s.bytes
+        );
+    }
+    out
 }
 
 const KUBE_NFT: &str = "kube-nft";

@@ -14,6 +14,9 @@ pub struct Report {
     pub plot: Option<PathBuf>,
     /// Services fed through the loopback API server.
     pub api_sizes: Vec<usize>,
+    /// Grow from the first to the second number of Services, the first at a
+    /// time, while a client connects.
+    pub growth: Option<(usize, usize)>,
 }
 
 /// A cluster size: SERVICES (10 endpoints each) or SERVICESxENDPOINTS (total).
@@ -89,6 +92,12 @@ pub fn run(report: &Report) -> Result<(), String> {
             bench::dataplane::data_plane(sizes, seconds, runs.min(5), &format!("{prefix}-dp"))?;
         println!("\n## Data plane: new TCP connections through one ClusterIP ({seconds} s per run; {} rounds, each running every size and ruleset once; medians)\n", data.rounds);
         print!("{}", bench::dataplane::data_table(&data));
+    }
+    if let Some((from, to)) = report.growth {
+        eprintln!("growth: {from} to {to} Services while a client connects…");
+        let g = bench::dataplane::growth(from, to, &format!("{prefix}-gr"))?;
+        println!("\n## Growth from {from} to {to} Services × 10, {from} per partial sync, while a client opens new connections through one ClusterIP\n");
+        print!("{}", bench::dataplane::growth_table(&g));
     }
     if !report.api_sizes.is_empty() {
         let mut api = Vec::new();
