@@ -171,7 +171,7 @@ impl EndpointMap {
             EntryKind::NodePort => "protocol . NodePort",
         };
         let endpoints = if self.local {
-            "this node's endpoints"
+            "endpoints on this node"
         } else {
             "endpoints"
         };
@@ -185,7 +185,7 @@ impl EndpointMap {
             key,
             data: Some(MapData::Endpoint(family)),
             comment: Some(format!(
-                "{entries} . slot: the {endpoints} of those with {count}"
+                "{entries} . slot -> endpoint, for those with {count} {endpoints}"
             )),
             timeout: None,
             elements: Vec::new(),
