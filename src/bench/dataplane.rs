@@ -306,6 +306,41 @@ fn run_in(ns: &str, program: &str, args: &[&str], stdin: Option<&str>) -> Result
     Ok(())
 }
 
+/// Where a data-plane run happens: the lab's node and client, and one pod with
+/// ten addresses whose server accepts every connection.
+struct Stage {
+    // Dropped first: it wakes its accept from inside the pod's namespace.
+    _server: EchoServer,
+    topo: Topology,
+    backend: Vec<IpAddr>,
+}
+
+impl Stage {
+    fn build(prefix: &str) -> Result<Stage, String> {
+        let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
+        let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
+        let pod_ns = topo
+            .add_pod("backend", &backend)
+            .map_err(|e| e.to_string())?
+            .ns
+            .name
+            .clone();
+        let server = EchoServer::start(&pod_ns)?;
+        // Reset connections leave no entry that a new one could collide with.
+        sysctl_in(
+            &topo.node.name,
+            "net.netfilter.nf_conntrack_tcp_timeout_close",
+            "1",
+        )
+        .ok();
+        Ok(Stage {
+            _server: server,
+            topo,
+            backend,
+        })
+    }
+}
+
 /// The Services of a data-plane run: `services` of them, the one in the middle
 /// (what the client talks to) backed by the pod's ten addresses.
 fn cluster(services: usize, backend: &[IpAddr]) -> (ClusterState, SocketAddr) {
@@ -327,27 +362,14 @@ pub fn data_plane(
     runs: usize,
     prefix: &str,
 ) -> Result<DataPlane, String> {
-    let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
-    let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
-    let pod_ns = topo
-        .add_pod("backend", &backend)
-        .map_err(|e| e.to_string())?
-        .ns
-        .name
-        .clone();
-    let _server = EchoServer::start(&pod_ns)?;
-    sysctl_in(
-        &topo.node.name,
-        "net.netfilter.nf_conntrack_tcp_timeout_close",
-        "1",
-    )
-    .ok();
+    let stage = Stage::build(prefix)?;
+    let (topo, backend) = (&stage.topo, &stage.backend);
     let node = topo.node.name.clone();
     let client = topo.client.name.clone();
     let clusters: Vec<(usize, ClusterState, SocketAddr)> = sizes
         .iter()
         .map(|&n| {
-            let (state, target) = cluster(n, &backend);
+            let (state, target) = cluster(n, backend);
             (n, state, target)
         })
         .collect();
@@ -433,22 +455,9 @@ pub struct Growth {
 /// connections through one ClusterIP from before the first step to after the
 /// last: every step's sync, and the connections made and failed meanwhile.
 pub fn growth(from: usize, to: usize, prefix: &str) -> Result<Growth, String> {
-    let mut topo = Topology::build(prefix).map_err(|e| e.to_string())?;
-    let backend: Vec<IpAddr> = (1..=10).map(|k| IpAddr::from([10, 200, 0, k])).collect();
-    let pod_ns = topo
-        .add_pod("backend", &backend)
-        .map_err(|e| e.to_string())?
-        .ns
-        .name
-        .clone();
-    let _server = EchoServer::start(&pod_ns)?;
-    sysctl_in(
-        &topo.node.name,
-        "net.netfilter.nf_conntrack_tcp_timeout_close",
-        "1",
-    )
-    .ok();
-    let (state, target) = cluster(from, &backend);
+    let stage = Stage::build(prefix)?;
+    let (topo, backend) = (&stage.topo, &stage.backend);
+    let (state, target) = cluster(from, backend);
     let node = topo.node.name.clone();
     let client = topo.client.name.clone();
     let stop = Arc::new(AtomicBool::new(false));

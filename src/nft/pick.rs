@@ -166,26 +166,24 @@ impl EndpointMap {
             })
             .collect();
         key.push(KeyType::Slot);
-        let entries = match self.kind {
-            EntryKind::Address => "Service address . protocol . port",
-            EntryKind::NodePort => "protocol . NodePort",
-        };
-        let endpoints = if self.local {
-            "endpoints on this node"
-        } else {
-            "endpoints"
+        // Short: the kernel takes at most 256 bytes of a set's userdata, and
+        // the key's and the data's "typeof" take 170 of them.
+        let ports = match self.kind {
+            EntryKind::Address => "Service ports",
+            EntryKind::NodePort => "NodePorts",
         };
         let count = if self.least() == self.up_to {
             format!("{}", self.up_to)
         } else {
-            format!("{} to {}", self.least(), self.up_to)
+            format!("{}-{}", self.least(), self.up_to)
         };
+        let here = if self.local { " on this node" } else { "" };
         Set {
             name: self.name(),
             key,
             data: Some(MapData::Endpoint(family)),
             comment: Some(format!(
-                "{entries} . slot -> endpoint, for those with {count} {endpoints}"
+                "{ports} with {count} endpoints{here}: slot -> endpoint"
             )),
             timeout: None,
             elements: Vec::new(),
@@ -335,6 +333,26 @@ mod tests {
             "nodeport-local-endpoints-+4",
         ] {
             assert_eq!(EndpointMap::of_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_maps_definition_fits_the_kernels_userdata_limit() {
+        // NFT_USERDATA_MAXLEN: a longer one is refused with ERANGE. Up to
+        // 16M endpoints, far beyond any Service.
+        for kind in [EntryKind::Address, EntryKind::NodePort] {
+            for local in [false, true] {
+                for family in Family::ALL {
+                    let m = EndpointMap {
+                        kind,
+                        local,
+                        up_to: 1 << 24,
+                    };
+                    let set = crate::nft::lower::lower_set(&m.set(family));
+                    let len = set.userdata.unwrap().len();
+                    assert!(len <= 256, "{}: {len} bytes", m.name());
+                }
+            }
         }
     }
 
