@@ -334,7 +334,8 @@ smoke() {
     { tail -50 "$dir/kube-nft.log" >&2; log "kube-nft run --once failed, or did not finish within 120 s"; exit 1; }
   local listing
   listing=$(ns_exec "$node" nft list ruleset)
-  for want in "$cluster_ip . tcp . 80" "0 : 10.244.1.10 . 9376" "1 : 10.244.1.11 . 9376" "numgen random mod 2 map @ep-"; do
+  for want in "$cluster_ip . tcp . 80 comment \"default/web:http\" : goto pick-2" "$cluster_ip . tcp . 80 . 0 : 10.244.1.10 . 9376" \
+    "$cluster_ip . tcp . 80 . 1 : 10.244.1.11 . 9376" "numgen random mod 2 map @endpoints-2"; do
     grep -qF -- "$want" <<<"$listing" || { echo "$listing" >&2; log "the node's ruleset lacks: $want"; exit 1; }
   done
   log "smoke passed: deploy/ accepted by the API server (dry run) and its RBAC least privilege; Service web ($cluster_ip) from the real API server and EndpointSlice controller, programmed by kube-nft running as the DaemonSet runs it"
