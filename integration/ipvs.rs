@@ -140,7 +140,7 @@ fn a_node_switched_from_nftables_to_ipvs_loses_its_service_tables_in_one_sync() 
     let before = nft_list(c.node());
     assert!(before.contains("table ip kube-nft-services-"), "{before}");
     assert!(
-        before.contains("dnat ip to numgen random mod 3 map @ep-"),
+        before.contains("dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 3 map @endpoints-3-4"),
         "{before}"
     );
     assert_only(&tally(c.client(), "10.96.5.30:80", 30, false), &pods);
