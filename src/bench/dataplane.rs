@@ -374,12 +374,17 @@ pub fn data_plane(
         })
         .collect();
     let mut rounds: Vec<Vec<Sample>> = Vec::new();
+    // Rulesets the kernel would not take at a size, and why: not tried again.
+    let mut unloadable: BTreeMap<(usize, &str), String> = BTreeMap::new();
     for _ in 0..runs.max(1) {
         let mut round = Vec::new();
         for (n, state, target) in &clusters {
             for ruleset in RULESETS {
+                if unloadable.contains_key(&(*n, ruleset)) {
+                    continue;
+                }
                 let start = Instant::now();
-                match ruleset {
+                let loaded = match ruleset {
                     KUBE_NFT => {
                         let s = state.clone();
                         in_netns(&node, move || -> Result<(), String> {
@@ -389,16 +394,25 @@ pub fn data_plane(
                             p.sync().map(|_| ()).map_err(|e| e.to_string())
                         })
                         .map_err(|e| e.to_string())??;
+                        Ok(())
                     }
                     PER_SERVICE => {
-                        run_in(&node, "nft", &["-f", "-"], Some(&per_service_layout(state)))?
+                        run_in(&node, "nft", &["-f", "-"], Some(&per_service_layout(state)))
                     }
                     _ => run_in(
                         &node,
                         "iptables-legacy-restore",
                         &[],
                         Some(&iptables_shape(state, "10.128.0.0/9")),
-                    )?,
+                    ),
+                };
+                if let Err(e) = loaded {
+                    // Another's ruleset the kernel refuses (kube-proxy's iptables
+                    // shape at 100k passes legacy iptables' 512 MiB table limit)
+                    // is reported, and the run goes on.
+                    eprintln!("  {ruleset} at {n} Services: {e}");
+                    unloadable.insert((*n, ruleset), e);
+                    continue;
                 }
                 let load_ms = start.elapsed().as_secs_f64() * 1000.0;
                 run_in(&node, "conntrack", &["-F"], None).ok();
@@ -430,7 +444,12 @@ pub fn data_plane(
         }
         rounds.push(round);
     }
-    Ok(DataPlane::from_rounds(sizes, rounds))
+    let mut dp = DataPlane::from_rounds(sizes, rounds);
+    dp.unloadable = unloadable
+        .into_iter()
+        .map(|((n, rs), e)| (n, rs.to_string(), e))
+        .collect();
+    Ok(dp)
 }
 
 /// Growing the cluster while a client connects: one step of Services added.
@@ -545,6 +564,8 @@ struct Sample {
 /// The data-plane results: per size and ruleset, and the paired ratios.
 pub struct DataPlane {
     pub results: Vec<DataResult>,
+    /// Size, ruleset and the load's error, for what the kernel refused.
+    pub unloadable: Vec<(usize, String, String)>,
     pub rounds: usize,
     /// Per size above the smallest, per round: kube-nft at that size over
     /// kube-nft at the smallest, and kube-nft over the iptables shape.
@@ -597,6 +618,9 @@ impl DataPlane {
                     .flatten()
                     .filter(|s| s.services == n && s.ruleset == ruleset)
                     .collect();
+                if samples.is_empty() {
+                    continue;
+                }
                 let mut all: Vec<f64> = samples
                     .iter()
                     .flat_map(|s| s.latencies.iter().copied())
@@ -615,6 +639,7 @@ impl DataPlane {
         }
         DataPlane {
             results,
+            unloadable: Vec::new(),
             rounds: rounds.len(),
             ratios,
             smallest,
@@ -632,7 +657,18 @@ pub fn data_table(dp: &DataPlane) -> String {
         )
         .unwrap();
     }
+    for (n, ruleset, e) in &dp.unloadable {
+        writeln!(
+            out,
+            "| {n} | {ruleset} | the kernel refused it: {} | | | | |",
+            e.trim().replace('\n', " ")
+        )
+        .unwrap();
+    }
     let spread = |v: &[f64]| {
+        if v.is_empty() {
+            return "—".to_string();
+        }
         let mut v = v.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
         let list: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
