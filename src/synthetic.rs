@@ -83,7 +83,7 @@ pub fn ready(addr: IpAddr) -> Endpoint {
             serving: true,
             terminating: false,
         },
-        node_name: Some(node_of(addr)),
+        node_name: Some(crate::core::model::name(&node_of(addr))),
         zone: None,
         hints: Default::default(),
     }

@@ -3,7 +3,7 @@
 //! object and the field, and never stops the others. Services that a proxy must
 //! leave alone (ExternalName, headless, another proxy's) are skipped, not rejected.
 
-use crate::core::model::*;
+use crate::core::model::{self, *};
 use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
@@ -327,11 +327,11 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
     }
     let mut svc = Service {
         key,
-        cluster_ips,
-        ports,
-        external_ips,
-        load_balancer_ips,
-        source_ranges,
+        cluster_ips: exact(cluster_ips),
+        ports: exact(ports),
+        external_ips: exact(external_ips),
+        load_balancer_ips: exact(load_balancer_ips),
+        source_ranges: exact(source_ranges),
         external_policy_local: false,
         internal_policy_local,
         health_check_node_port,
@@ -341,6 +341,13 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
     // The external policy only means something where there is external traffic.
     svc.external_policy_local = external_local && svc.externally_accessible();
     Ok(Converted::Valid(svc))
+}
+
+/// The vector without its spare room: a model holds 100k Services, whose
+/// vectors grown one push at a time kept room for four (17 MiB at 100k).
+fn exact<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
 }
 
 fn parse_ips<'a>(
@@ -421,7 +428,8 @@ pub fn convert_endpoint_slice(
             port: parse_port(&object, &field("port"), port)?,
         });
     }
-    let mut endpoints = Vec::new();
+    // Exactly as many: grown one by one, ten endpoints took room for sixteen.
+    let mut endpoints = Vec::with_capacity(slice.endpoints.as_ref().map_or(0, Vec::len));
     for (i, ep) in slice.endpoints.iter().flatten().enumerate() {
         let cond = ep.conditions.as_ref();
         // Unknown readiness is ready; serving defaults to ready; terminating to false.
@@ -471,8 +479,8 @@ pub fn convert_endpoint_slice(
         endpoints.push(Endpoint {
             addr,
             conditions,
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
+            node_name: ep.node_name.as_deref().map(model::name),
+            zone: ep.zone.as_deref().map(model::name),
             hints,
         });
     }
@@ -483,7 +491,7 @@ pub fn convert_endpoint_slice(
             name: service.clone(),
         },
         family,
-        ports,
+        ports: exact(ports),
         endpoints,
     }))
 }

@@ -364,7 +364,7 @@ mod tests {
                 serving,
                 terminating,
             },
-            node_name: Some(node.to_string()),
+            node_name: Some(crate::core::model::name(node)),
             zone: None,
             hints: Hints::new(names(zones), names(nodes)),
         }

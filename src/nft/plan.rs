@@ -87,6 +87,10 @@ pub struct Plan {
 
 type ElementsBySet = BTreeMap<TableId, BTreeMap<String, Vec<KernelElement>>>;
 
+/// About one message's worth of endpoint-map elements (~50 bytes each, in
+/// messages of up to ~60 KiB).
+const ELEMENTS_PER_ENCODING: usize = 1024;
+
 impl Plan {
     pub fn is_empty(&self) -> bool {
         self.parts.values().all(Batch::is_empty)
@@ -184,9 +188,7 @@ impl Plan {
     }
 
     pub fn add_element(&mut self, table: TableId, set: &str, e: KernelElement) {
-        if !self.rebuilt.contains(&table) {
-            elements_of(&mut self.add_elements, table, set).push(e);
-        }
+        self.gather(Phase::AddElements, table, set, e);
     }
 
     /// The elements of a set this plan creates, encoded at once: nothing else
@@ -202,8 +204,30 @@ impl Plan {
     }
 
     pub fn delete_element(&mut self, table: TableId, set: &str, e: KernelElement) {
-        if !self.rebuilt.contains(&table) {
-            elements_of(&mut self.delete_elements, table, set).push(e);
+        self.gather(Phase::DeleteElements, table, set, e);
+    }
+
+    /// Gathers an element with the others of its set, and encodes them a
+    /// message's worth at a time: a cold sync of 100k Services has a million,
+    /// which as objects took twice the memory of their encoded bytes.
+    fn gather(&mut self, phase: Phase, table: TableId, set: &str, e: KernelElement) {
+        if self.rebuilt.contains(&table) {
+            return;
+        }
+        let by_set = match phase {
+            Phase::AddElements => &mut self.add_elements,
+            _ => &mut self.delete_elements,
+        };
+        let gathered = elements_of(by_set, table, set);
+        gathered.push(e);
+        if gathered.len() < ELEMENTS_PER_ENCODING {
+            return;
+        }
+        let elements = std::mem::take(gathered);
+        let b = self.parts.entry((phase, table)).or_default();
+        match phase {
+            Phase::AddElements => b.add_elements(table.family, table.name(), set, &elements),
+            _ => b.delete_elements(table.family, table.name(), set, &elements),
         }
     }
 

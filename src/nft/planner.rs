@@ -8,7 +8,7 @@
 //!   what the last sync committed (their footprints), re-reading only the chains
 //!   it edits.
 
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
@@ -148,12 +148,11 @@ struct LoweredService {
 
 fn lower_service(
     state: &ClusterState,
-    key: &ServiceKey,
+    svc: &Service,
     family: Family,
     config: &NodeConfig,
     placement: &dyn Placement,
-) -> Option<LoweredService> {
-    let svc = state.services.get(key)?;
+) -> LoweredService {
     let rules = service_rules(state, svc, family, config, placement);
     let main = TableId::main(family);
     let elements: Vec<(TableId, &'static str, KernelElement)> = rules
@@ -169,7 +168,7 @@ fn lower_service(
         .map(|(t, c)| (t, lower_chain(family, c)))
         .collect();
     let table = rules.table;
-    Some(LoweredService {
+    LoweredService {
         sets: rules
             .sets
             .iter()
@@ -203,7 +202,7 @@ fn lower_service(
         },
         elements,
         chains,
-    })
+    }
 }
 
 /// Where the kernel has each entry's and cascade's endpoints, as read back for a
@@ -454,10 +453,8 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
                     .push(e.clone());
             }
         }
-        for key in state.services.keys() {
-            let Some(svc) = lower_service(state, key, family, config, &placement) else {
-                continue;
-            };
+        for (key, svc) in &state.services {
+            let svc = lower_service(state, svc, family, config, &placement);
             for c in svc.counters {
                 if wanted_counters.insert(c.name.clone()) {
                     match main_view.and_then(|v| v.counters.get(&c.name)) {
@@ -629,7 +626,10 @@ impl Footprints {
                     reread: &kernel,
                     old,
                 };
-                let new = lower_service(state, key, family, config, &placement);
+                let new = state
+                    .services
+                    .get(key)
+                    .map(|svc| lower_service(state, svc, family, config, &placement));
                 let (chains, sets, counters, elements, new_applied) = match new {
                     Some(s) => (s.chains, s.sets, s.counters, s.elements, s.footprint),
                     None => Default::default(),

@@ -583,7 +583,7 @@ mod tests {
         let nodes = [Some("node-a"), Some("node-b"), None];
         for slice in state.slices.values_mut().flat_map(|s| s.values_mut()) {
             for (e, node) in slice.endpoints.iter_mut().zip(nodes) {
-                e.node_name = node.map(String::from);
+                e.node_name = node.map(crate::core::model::name);
             }
         }
         // This node unknown: any endpoint may be here.
