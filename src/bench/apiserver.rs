@@ -154,10 +154,13 @@ impl ApiServer {
         let listener = crate::netns::in_netns(netns, || TcpListener::bind("127.0.0.1:0"))??;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(state));
-        let shared = state.clone();
+        // The listener holds the objects weakly: dropped with the server, they
+        // are freed once its open streams end (100k Services × 10 as JSON values
+        // are gigabytes; a benchmark starts several servers).
+        let shared = Arc::downgrade(&state);
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let s = shared.clone();
+                let Some(s) = shared.upgrade() else { return };
                 std::thread::spawn(move || handle(conn, &s));
             }
         });

@@ -50,8 +50,7 @@ impl EchoServer {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns = netns.to_string();
         let thread = std::thread::spawn(move || {
-            let listener =
-                crate::netns::enter(&ns).and_then(|_| TcpListener::bind(("0.0.0.0", BACKEND_PORT)));
+            let listener = crate::netns::enter(&ns).and_then(|_| listen(BACKEND_PORT));
             let listener = match listener {
                 Ok(l) => {
                     let _ = tx.send(Ok(()));
@@ -73,6 +72,25 @@ impl EchoServer {
             netns: netns.to_string(),
         })
     }
+}
+
+/// A listener with a deep accept queue. std's holds 128 connections: at 19k
+/// new connections a second, 7 ms without a turn for the accepting thread (a
+/// sync busy on both cores) overflowed it, the kernel dropped the handshake's
+/// last packet (`TcpExtListenOverflows`), and the client's connect timed out.
+fn listen(port: u16) -> std::io::Result<TcpListener> {
+    use rustix::net::{
+        bind, listen, socket, sockopt::set_socket_reuseaddr, AddressFamily, SocketAddrV4,
+        SocketType,
+    };
+    let fd = socket(AddressFamily::INET, SocketType::STREAM, None)?;
+    set_socket_reuseaddr(&fd, true)?;
+    bind(
+        &fd,
+        &SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, port),
+    )?;
+    listen(&fd, 4096)?;
+    Ok(TcpListener::from(fd))
 }
 
 impl Drop for EchoServer {
