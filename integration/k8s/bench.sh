@@ -12,6 +12,10 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export KUBE_NFT_CLUSTER_PREFIX=${KUBE_NFT_CLUSTER_PREFIX:-kb}
+# Service i is 10.96.1.0 + i: past 65,280 Services a /16 has no room. A /15
+# holds 131k, and stays clear of the fabric's 10.100.0.0/24 (both proxies drop
+# what is sent to an unallocated address of a Service range).
+export KUBE_NFT_SERVICE_CIDR=${KUBE_NFT_SERVICE_CIDR:-10.96.0.0/15}
 prefix=$KUBE_NFT_CLUSTER_PREFIX
 kube_nft=${KUBE_NFT_BIN:-$here/../../target/release/kube-nft}
 if [ -z "${KUBE_NFT_BIN:-}" ]; then

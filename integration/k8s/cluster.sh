@@ -29,7 +29,8 @@ fabric=${prefix}-fab
 cp_ns=${prefix}-cp
 cp_ip=10.100.0.1
 kube_nft=${KUBE_NFT_BIN:-$here/../../target/debug/kube-nft}
-service_cidr=10.96.0.0/16
+# The bench widens it: 100k Services need more than a /16's 65k ClusterIPs.
+service_cidr=${KUBE_NFT_SERVICE_CIDR:-10.96.0.0/16}
 
 log() { echo "cluster: $*" >&2; }
 
