@@ -205,6 +205,15 @@ struct VersusArgs {
     /// Write an SVG plot of start → first traffic per 1k Services here.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write the Services straight into the etcd at this address (and the
+    /// IPAddress that reserves each ClusterIP), not through the API server,
+    /// whose create path is quadratic in the Services; the slices still go
+    /// through it.
+    #[arg(long, value_name = "ADDR:PORT")]
+    etcd: Option<std::net::SocketAddr>,
+    /// The network namespace to reach etcd from (the control plane's).
+    #[arg(long, requires = "etcd")]
+    etcd_netns: Option<String>,
 }
 
 /// kube-proxy's logging flags, so that a DaemonSet's args carry over.
@@ -652,6 +661,10 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
         start_limit: Duration::from_secs(args.start_limit),
         logs: args.logs.clone(),
         plot: args.plot.clone(),
+        etcd: args.etcd.map(|addr| versus::Etcd {
+            addr,
+            netns: args.etcd_netns.clone(),
+        }),
     })?;
     Ok(true)
 }

@@ -16,6 +16,7 @@
 pub mod api_path;
 pub mod apiserver;
 pub mod dataplane;
+pub mod etcd_load;
 pub mod operator;
 pub mod plot;
 pub mod reach;

@@ -8,7 +8,10 @@
 //! without selectors, and EndpointSlices as a controller would write them (the
 //! EndpointSlice controller would need 10 pods per Service, which this machine
 //! cannot hold at 10k). The last Service's one endpoint is a listener on the
-//! node, so that traffic through its VIP proves the rules are in.
+//! node, so that traffic through its VIP proves the rules are in. With `--etcd`,
+//! the Services are written into etcd instead, with the IPAddress that reserves
+//! each ClusterIP (`etcd_load`: the API server's create path is quadratic in the
+//! Services; the slices still go through it).
 //!
 //! Per proxy and size:
 //! - start → first traffic: the process starts, then new connections to the
@@ -20,6 +23,8 @@
 //!   every 10 ms until it says 200;
 //! - peak RSS of the process (VmHWM), before its restarts.
 
+use super::etcd_load;
+pub use super::etcd_load::Etcd;
 use super::reach::reaches;
 use super::{median, nft};
 use crate::netlink::monitor::Monitor;
@@ -96,6 +101,8 @@ pub struct VersusOptions {
     pub logs: PathBuf,
     /// Where the plot of start → first traffic per 1k Services goes, if anywhere.
     pub plot: Option<PathBuf>,
+    /// Write the Services into this etcd, not through the API server.
+    pub etcd: Option<Etcd>,
 }
 
 /// The medians of one contender at one size.
@@ -125,6 +132,7 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let client = runtime.block_on(client(&opts.kubeconfig))?;
+    runtime.block_on(create_namespace(&client))?;
     let listener = TcpListener::bind((opts.node_ip, PROBE_PORT))
         .map_err(|e| format!("the probe's listener on {}: {e}", opts.node_ip))?;
     std::thread::spawn(move || {
@@ -138,8 +146,21 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
     for &size in &opts.sizes {
         let t = Instant::now();
         // The probe is the last Service; an earlier size's becomes an ordinary one.
+        if let Some(etcd) = &opts.etcd {
+            store_services(etcd, made, size)?;
+            runtime.block_on(served(&client, size - 1))?;
+        }
+        let services_exist = opts.etcd.is_some();
         runtime.block_on(async {
-            populate(&client, made, size, Some(size - 1), opts.node_ip).await?;
+            populate(
+                &client,
+                made,
+                size,
+                Some(size - 1),
+                opts.node_ip,
+                services_exist,
+            )
+            .await?;
             if made > 0 && made < size {
                 let slices = Api::namespaced(client.clone(), NAMESPACE);
                 set_endpoints(&slices, made - 1, &addresses(made - 1, false, opts.node_ip)).await?;
@@ -263,28 +284,112 @@ fn service_json(i: usize) -> Value {
     })
 }
 
-/// Creates Services `from..to` and their slices (32 requests in flight), and the
-/// namespace; what exists already is kept.
+/// Service `i` as kube-apiserver stores it (its defaults filled in), and the
+/// IPAddress object that reserves its ClusterIP, as the allocator writes it:
+/// their etcd keys and values. `uid` tells this run's objects apart.
+fn stored_service(i: usize, uid: u32, created: &str) -> [(String, Vec<u8>); 2] {
+    let (name, ip) = (service_name(i), vip(i).to_string());
+    let mut svc = service_json(i);
+    svc["metadata"]["uid"] = json!(format!("{uid:08x}-0000-4000-8000-{i:012x}"));
+    svc["metadata"]["creationTimestamp"] = json!(created);
+    let spec = &mut svc["spec"];
+    spec["ports"][0]["protocol"] = json!("TCP");
+    for (k, v) in [
+        ("clusterIPs", json!([ip])),
+        ("type", json!("ClusterIP")),
+        ("sessionAffinity", json!("None")),
+        ("ipFamilies", json!(["IPv4"])),
+        ("ipFamilyPolicy", json!("SingleStack")),
+        ("internalTrafficPolicy", json!("Cluster")),
+    ] {
+        spec[k] = v;
+    }
+    svc["status"] = json!({"loadBalancer": {}});
+    let address = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "IPAddress",
+        "metadata": {"name": ip, "uid": format!("{uid:08x}-0001-4000-8000-{i:012x}"),
+            "creationTimestamp": created,
+            "labels": {"ipaddress.kubernetes.io/ip-family": "IPv4",
+                "ipaddress.kubernetes.io/managed-by": "ipallocator.k8s.io"}},
+        "spec": {"parentRef": {"group": "", "resource": "services",
+            "namespace": NAMESPACE, "name": name}},
+    });
+    [
+        (
+            format!("/registry/services/specs/{NAMESPACE}/{name}"),
+            svc.to_string().into_bytes(),
+        ),
+        (
+            format!("/registry/ipaddresses/{ip}"),
+            address.to_string().into_bytes(),
+        ),
+    ]
+}
+
+/// Writes Services `from..to` into etcd (see `etcd_load` for why).
+fn store_services(etcd: &Etcd, from: usize, to: usize) -> Result<(), String> {
+    let uid = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as u32);
+    let created = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let kvs = (from..to)
+        .flat_map(|i| stored_service(i, uid, &created))
+        .collect();
+    etcd_load::put_all(etcd, kvs)?;
+    let stored = etcd_load::count(etcd, &format!("/registry/services/specs/{NAMESPACE}/"))?;
+    if stored < to as u64 {
+        return Err(format!("etcd holds {stored} Services of {to}"));
+    }
+    Ok(())
+}
+
+/// Waits until the API server serves Service `i` (its reads come from its watch
+/// cache, once that has caught up with etcd).
+async fn served(client: &Client, i: usize) -> Result<(), String> {
+    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+    let t = Instant::now();
+    loop {
+        match services.get_opt(&service_name(i)).await {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) if t.elapsed() < Duration::from_secs(120) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(None) => return Err(format!("the API server does not serve {}", service_name(i))),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+async fn create_namespace(client: &Client) -> Result<(), String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
+        .map_err(|e| e.to_string())?;
+    exists_ok(namespaces.create(&PostParams::default(), &ns).await)
+}
+
+/// Creates Services `from..to` (unless they exist already, written into etcd)
+/// and their slices (32 requests in flight); what exists already is kept.
 async fn populate(
     client: &Client,
     from: usize,
     to: usize,
     probe: Option<usize>,
     node_ip: Ipv4Addr,
+    services_exist: bool,
 ) -> Result<(), String> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
-        .map_err(|e| e.to_string())?;
-    exists_ok(namespaces.create(&PostParams::default(), &ns).await)?;
     let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
     stream::iter(from..to)
         .map(|i| {
             let (services, slices) = (services.clone(), slices.clone());
             async move {
-                let svc: Service =
-                    serde_json::from_value(service_json(i)).map_err(|e| e.to_string())?;
-                exists_ok(services.create(&PostParams::default(), &svc).await)?;
+                if !services_exist {
+                    let svc: Service =
+                        serde_json::from_value(service_json(i)).map_err(|e| e.to_string())?;
+                    exists_ok(services.create(&PostParams::default(), &svc).await)?;
+                }
                 let addrs = addresses(i, Some(i) == probe, node_ip);
                 let slice: EndpointSlice =
                     serde_json::from_value(slice_json(i, &addrs)).map_err(|e| e.to_string())?;
@@ -463,7 +568,15 @@ fn measure(
         drop(child);
         let t = Instant::now();
         child = Running(start(opts, c, &format!("{tag}-restart-{r}.log"))?);
-        restart.push(wait_healthy(healthz, t, Duration::from_secs(120))?);
+        // Not healthy in time is a figure too (kube-proxy's healthz waits for a
+        // sync that takes minutes at 100k), not the end of the contender's.
+        match wait_healthy(healthz, t, Duration::from_secs(120)) {
+            Ok(s) => restart.push(s),
+            Err(e) => {
+                notes.push(format!("restart → healthy: {e}"));
+                break;
+            }
+        }
         std::thread::sleep(Duration::from_secs(2));
     }
     drop(child);
@@ -482,12 +595,13 @@ fn measure(
         first + 2 * opts.runs,
         None,
         opts.node_ip,
+        false,
     ))?;
     Ok(Figures {
         start_to_traffic,
         endpoint_to_kernel: median_of(endpoint),
         delete_to_kernel: median_of(delete),
-        restart_to_healthy: median(restart),
+        restart_to_healthy: median_of(restart),
         peak_rss_mib,
         nft_f,
         notes,
