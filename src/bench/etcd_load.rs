@@ -10,19 +10,22 @@
 //! server decodes JSON from storage as well as protobuf, and its watch cache
 //! hands each one to the proxies as an ADDED event.
 //!
-//! etcd speaks JSON through its gRPC gateway (`POST /v3/kv/txn`, keys and
-//! values in base64); a transaction carries at most 128 operations (etcd's
-//! default `--max-txn-ops`).
+//! etcd speaks JSON through its gRPC gateway (`POST /v3/kv/put`, keys and
+//! values in base64). Each object is a put of its own, at a revision of its
+//! own, as the API server writes them: the API server's watch cache takes a
+//! revision for one object's version, and a watcher that resumes from a
+//! revision shared by several objects never sees the rest of them (a
+//! transaction of 128 puts lost Services to the API server's own repair loop,
+//! which then deleted their IPAddresses as leaked).
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// etcd's default `--max-txn-ops`.
-const OPS_PER_TXN: usize = 128;
-/// Transactions in flight.
-const WORKERS: usize = 4;
+/// Requests in flight, each on a connection of its own.
+const WORKERS: usize = 8;
 
 /// Where etcd's client port is, and the network namespace it is reached from
 /// (the control plane's: the bench runs on a node, and etcd serves loopback).
@@ -32,34 +35,33 @@ pub struct Etcd {
     pub netns: Option<String>,
 }
 
-/// Puts every `(key, value)`, unconditionally, in transactions of up to 128.
+/// Puts every `(key, value)`, unconditionally, each at a revision of its own.
 pub fn put_all(etcd: &Etcd, kvs: Vec<(String, Vec<u8>)>) -> Result<(), String> {
-    let (send, recv) = mpsc::channel::<String>();
-    let recv = Arc::new(Mutex::new(recv));
+    let kvs = Arc::new(kvs);
+    let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..WORKERS)
         .map(|_| {
-            let (etcd, recv) = (etcd.clone(), recv.clone());
+            let (etcd, kvs, next) = (etcd.clone(), kvs.clone(), next.clone());
             std::thread::spawn(move || -> Result<(), String> {
                 if let Some(ns) = &etcd.netns {
                     crate::netns::enter(ns).map_err(|e| e.to_string())?;
                 }
+                let mut conn = Conn::open(etcd.addr)?;
                 loop {
-                    let body = match recv.lock().map_err(|e| e.to_string())?.recv() {
-                        Ok(body) => body,
-                        Err(_) => return Ok(()),
+                    let Some((key, value)) = kvs.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return Ok(());
                     };
-                    post(etcd.addr, "/v3/kv/txn", body.as_bytes())?;
+                    let body =
+                        serde_json::json!({"key": base64(key.as_bytes()), "value": base64(value)});
+                    if let Err(e) = conn.post("/v3/kv/put", body.to_string().as_bytes()) {
+                        // The others stop at their next put.
+                        next.store(usize::MAX / 2, Ordering::Relaxed);
+                        return Err(format!("putting {key}: {e}"));
+                    }
                 }
             })
         })
         .collect();
-    for batch in kvs.chunks(OPS_PER_TXN) {
-        // A worker that failed has dropped its end; its error is reported below.
-        if send.send(txn_body(batch)).is_err() {
-            break;
-        }
-    }
-    drop(send);
     let mut first_error = None;
     for w in workers {
         let r = w
@@ -81,7 +83,7 @@ pub fn count(etcd: &Etcd, prefix: &str) -> Result<u64, String> {
             "range_end": base64(&prefix_end(prefix.as_bytes())),
             "count_only": true,
         });
-        let answer = post(etcd.addr, "/v3/kv/range", body.to_string().as_bytes())?;
+        let answer = Conn::open(etcd.addr)?.post("/v3/kv/range", body.to_string().as_bytes())?;
         let v: serde_json::Value = serde_json::from_slice(&answer)
             .map_err(|e| format!("etcd's answer to a count: {e}"))?;
         // int64 fields come as strings, and a zero is left out.
@@ -94,16 +96,6 @@ pub fn count(etcd: &Etcd, prefix: &str) -> Result<u64, String> {
         Some(ns) => crate::netns::in_netns(&ns, ask).map_err(|e| e.to_string())?,
         None => ask(),
     }
-}
-
-fn txn_body(batch: &[(String, Vec<u8>)]) -> String {
-    let ops: Vec<_> = batch
-        .iter()
-        .map(|(k, v)| {
-            serde_json::json!({"requestPut": {"key": base64(k.as_bytes()), "value": base64(v)}})
-        })
-        .collect();
-    serde_json::json!({ "success": ops }).to_string()
 }
 
 /// The end of the range of keys that start with `prefix` (etcd's convention:
@@ -119,59 +111,119 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// One HTTP/1.1 request on its own connection; the body of a 200, or an error
-/// that holds etcd's answer.
-fn post(addr: SocketAddr, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
-    let io = |e: std::io::Error| format!("etcd at {addr}: {e}");
-    let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(io)?;
-    conn.set_read_timeout(Some(Duration::from_secs(120)))
-        .map_err(io)?;
-    write!(
-        conn,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .map_err(io)?;
-    conn.write_all(body).map_err(io)?;
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).map_err(io)?;
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("etcd at {addr}: an answer without a head"))?;
-    let head = String::from_utf8_lossy(&answer[..split]);
-    let body = answer[split + 4..].to_vec();
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
-        return Err(format!(
-            "etcd at {addr}: {path} answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        ));
-    }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return Ok(dechunk(&body));
-    }
-    Ok(body)
+/// An HTTP/1.1 connection kept alive across requests: a put per request, and
+/// 200k of them would otherwise leave as many sockets in TIME_WAIT.
+struct Conn {
+    addr: SocketAddr,
+    reader: BufReader<TcpStream>,
 }
 
-/// The body of a chunked answer (etcd's gateway may stream its JSON).
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
-        let size = std::str::from_utf8(&body[..eol])
-            .ok()
-            .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok());
-        let Some(size) = size.filter(|&s| s > 0 && eol + 2 + s <= body.len()) else {
-            break;
-        };
-        out.extend_from_slice(&body[eol + 2..eol + 2 + size]);
-        body = &body[(eol + 4 + size).min(body.len())..];
+impl Conn {
+    fn open(addr: SocketAddr) -> Result<Conn, String> {
+        let io = |e: std::io::Error| format!("etcd at {addr}: {e}");
+        let stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(io)?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        Ok(Conn {
+            addr,
+            reader: BufReader::new(stream),
+        })
     }
-    out
+
+    /// The body of a 200, or an error that holds etcd's answer.
+    fn post(&mut self, path: &str, body: &[u8]) -> Result<Vec<u8>, String> {
+        let addr = self.addr;
+        let io = |e: std::io::Error| format!("etcd at {addr}: {e}");
+        let mut request = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        self.reader.get_mut().write_all(&request).map_err(io)?;
+        let (status, length, chunked) = self.head().map_err(io)?;
+        let answer = if chunked {
+            read_chunked(&mut self.reader).map_err(io)?
+        } else {
+            let mut b = vec![
+                0;
+                length.ok_or_else(|| format!(
+                    "etcd at {addr}: an answer of no known length"
+                ))?
+            ];
+            self.reader.read_exact(&mut b).map_err(io)?;
+            b
+        };
+        if status != 200 {
+            return Err(format!(
+                "etcd at {addr}: {path} answered {status}: {}",
+                String::from_utf8_lossy(&answer)
+            ));
+        }
+        Ok(answer)
+    }
+
+    /// The status, the Content-Length if any, and whether the body is chunked.
+    fn head(&mut self) -> std::io::Result<(u16, Option<usize>, bool)> {
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("an answer without a status"))?;
+        let (mut length, mut chunked) = (None, false);
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line)? == 0 {
+                return Err(bad("the connection closed in an answer's head"));
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                return Ok((status, length, chunked));
+            }
+            let Some((name, value)) = header.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.parse().ok();
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = value.eq_ignore_ascii_case("chunked");
+            }
+        }
+    }
+}
+
+/// A chunked body, up to and including its last (empty) chunk and trailer.
+fn read_chunked(reader: &mut impl BufRead) -> std::io::Result<Vec<u8>> {
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "a bad chunk size");
+    let mut body = Vec::new();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+            .map_err(|_| bad())?;
+        if size == 0 {
+            // The trailer: header lines until an empty one.
+            loop {
+                line.clear();
+                if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+                    return Ok(body);
+                }
+            }
+        }
+        let at = body.len();
+        body.resize(at + size + 2, 0);
+        reader.read_exact(&mut body[at..])?;
+        body.truncate(at + size);
+    }
 }
 
 /// Standard base64, with padding.
@@ -222,20 +274,10 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_puts_each_pair_in_order() {
-        let body = txn_body(&[("k1".into(), b"v1".to_vec()), ("k2".into(), b"v2".to_vec())]);
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let puts = v["success"].as_array().unwrap();
-        assert_eq!(puts.len(), 2);
-        assert_eq!(puts[1]["requestPut"]["key"], base64(b"k2"));
-        assert_eq!(puts[1]["requestPut"]["value"], base64(b"v2"));
-    }
-
-    #[test]
-    fn a_chunked_body_is_joined() {
-        assert_eq!(
-            dechunk(b"4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n"),
-            b"{\"a\":1}"
-        );
+    fn a_chunked_body_is_joined_and_read_to_its_end() {
+        let mut answer: &[u8] = b"4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\nHTTP/1.1 200 OK";
+        let body = read_chunked(&mut answer).unwrap();
+        assert_eq!(body, b"{\"a\":1}");
+        assert_eq!(answer, b"HTTP/1.1 200 OK", "the next answer is left unread");
     }
 }

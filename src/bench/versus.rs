@@ -32,6 +32,7 @@ use crate::synthetic::endpoint_addr;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::IPAddress;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -147,8 +148,7 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
         let t = Instant::now();
         // The probe is the last Service; an earlier size's becomes an ordinary one.
         if let Some(etcd) = &opts.etcd {
-            store_services(etcd, made, size)?;
-            runtime.block_on(served(&client, size - 1))?;
+            store_services(&runtime, &client, etcd, made, size)?;
         }
         let services_exist = opts.etcd.is_some();
         runtime.block_on(async {
@@ -326,37 +326,59 @@ fn stored_service(i: usize, uid: u32, created: &str) -> [(String, Vec<u8>); 2] {
     ]
 }
 
-/// Writes Services `from..to` into etcd (see `etcd_load` for why).
-fn store_services(etcd: &Etcd, from: usize, to: usize) -> Result<(), String> {
+/// Writes Services `from..to` into etcd (see `etcd_load` for why), and waits
+/// until the API server serves them. Their IPAddresses go first, as the
+/// allocator writes them: the API server's repair loop (`RepairIPAddress`)
+/// takes a Service it sees before its IPAddress for one whose ClusterIP was
+/// never reserved, and tries to create one (an error and an Event for each),
+/// while an IPAddress seen before its Service has a minute's grace.
+fn store_services(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    etcd: &Etcd,
+    from: usize,
+    to: usize,
+) -> Result<(), String> {
     let uid = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as u32);
     let created = k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string();
-    let kvs = (from..to)
-        .flat_map(|i| stored_service(i, uid, &created))
-        .collect();
-    etcd_load::put_all(etcd, kvs)?;
+    let (services, addresses): (Vec<_>, Vec<_>) = (from..to)
+        .map(|i| {
+            let [svc, address] = stored_service(i, uid, &created);
+            (svc, address)
+        })
+        .unzip();
+    etcd_load::put_all(etcd, addresses)?;
+    let last_ip = vip(to - 1).to_string();
+    runtime.block_on(served(Api::<IPAddress>::all(client.clone()), &last_ip))?;
+    etcd_load::put_all(etcd, services)?;
     let stored = etcd_load::count(etcd, &format!("/registry/services/specs/{NAMESPACE}/"))?;
     if stored < to as u64 {
         return Err(format!("etcd holds {stored} Services of {to}"));
     }
-    Ok(())
+    runtime.block_on(served(
+        Api::<Service>::namespaced(client.clone(), NAMESPACE),
+        &service_name(to - 1),
+    ))
 }
 
-/// Waits until the API server serves Service `i` (its reads come from its watch
-/// cache, once that has caught up with etcd).
-async fn served(client: &Client, i: usize) -> Result<(), String> {
-    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
+/// Waits until the API server serves the object `name` (its reads come from
+/// its watch cache, once that has caught up with etcd).
+async fn served<K>(api: Api<K>, name: &str) -> Result<(), String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let t = Instant::now();
     loop {
-        match services.get_opt(&service_name(i)).await {
+        match api.get_opt(name).await {
             Ok(Some(_)) => return Ok(()),
             Ok(None) if t.elapsed() < Duration::from_secs(120) => {
                 tokio::time::sleep(Duration::from_millis(100)).await
             }
-            Ok(None) => return Err(format!("the API server does not serve {}", service_name(i))),
+            Ok(None) => return Err(format!("the API server does not serve {name}")),
             Err(e) => return Err(e.to_string()),
         }
     }
