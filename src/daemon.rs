@@ -193,7 +193,7 @@ fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
 }
 
 fn watch_drift(tx: mpsc::Sender<Event>) {
-    match Monitor::open() {
+    match Monitor::open().and_then(|m| m.away_during_own_commits().map(|()| m)) {
         Ok(mut monitor) => {
             std::thread::spawn(move || {
                 let own = crate::netlink::nftables::committed_by_this_process;

@@ -5,7 +5,7 @@
 use super::attr::{AttrWriter, ParseError};
 use super::batch::{msg_type, put_header, GETCHAIN, GETOBJ, GETRULE, GETSET, GETSETELEM, GETTABLE};
 use super::message::{
-    exchange, finish_msg, parse_error, split_messages, Refusal, NLMSG_ERROR, NLM_F_DUMP,
+    exchange, finish_msg, parse_error, split_messages, Refusal, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP,
     NLM_F_REQUEST,
 };
 use super::objects::{
@@ -72,6 +72,8 @@ pub fn committed_by_this_process(port: u32) -> bool {
 /// thread that opened it.
 pub struct NftSocket {
     sock: Socket,
+    /// The network namespace it was opened in (`monitor::netns_id`).
+    netns: u64,
     /// Whether its port id is in `COMMITTERS`.
     registered: bool,
     /// Reused for every datagram. Its size matters: the kernel sizes the messages
@@ -93,16 +95,64 @@ impl NftSocket {
             .map_err(io::Error::from)?;
         Ok(NftSocket {
             sock,
+            netns: super::monitor::netns_id(),
             registered: false,
             rx: Vec::with_capacity(RX_BUFFER),
         })
     }
 
     /// Sends the batch as one transaction. On error nothing was committed.
+    /// This process's monitors of the namespace are away meanwhile
+    /// (`Monitor::away_during_own_commits`); the generation count, read
+    /// before and after, tells them if another process committed then.
     pub fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
         if batch.is_empty() {
             return Ok(Committed::default());
         }
+        let mut away = super::monitor::away_for(self.netns);
+        let before = away.any().then(|| self.generation().ok()).flatten();
+        let result = self.send_batch(batch);
+        if away.any() {
+            let at_commit = self.generation().ok();
+            away.rejoin();
+            let after = self.generation().ok();
+            if !super::monitor::only_ours(before, at_commit, after, result.is_ok()) {
+                away.missed();
+            }
+        }
+        result
+    }
+
+    /// The kernel's generation count of the ruleset: one more per transaction
+    /// committed, by any process.
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        const GETGEN: u16 = 16;
+        const NFTA_GEN_ID: u16 = 1;
+        let mut buf = Vec::new();
+        let at = put_header(
+            &mut buf,
+            msg_type(GETGEN),
+            NLM_F_REQUEST | NLM_F_ACK,
+            1,
+            0,
+            0,
+        );
+        finish_msg(&mut buf, at);
+        let mut id = None;
+        let NftSocket { sock, rx, .. } = self;
+        exchange(sock, rx, &buf, |msg| {
+            let attrs = msg.payload.get(4..).unwrap_or_default();
+            for (k, p) in super::attr::Attrs::new(attrs).flatten() {
+                if k == NFTA_GEN_ID {
+                    id = Some(super::attr::Payload::new("gen", k, p).u32()?);
+                }
+            }
+            Ok::<(), NftError>(())
+        })?;
+        id.ok_or_else(|| NftError::Io(io::Error::other("the kernel's generation had no id")))
+    }
+
+    fn send_batch(&mut self, batch: Batch) -> Result<Committed, NftError> {
         if !self.registered {
             // Before the first send, so that its notification is known as ours.
             let mut addr = SocketAddr::new(0, 0);
