@@ -214,6 +214,11 @@ struct VersusArgs {
     /// The network namespace to reach etcd from (the control plane's).
     #[arg(long, requires = "etcd")]
     etcd_netns: Option<String>,
+    /// The largest size whose ruleset is listed and loaded again with `nft -f`:
+    /// at 100k Services, `nft -f` of kube-nft's ruleset held 11 GiB of kernel
+    /// memory before it was killed, next to a control plane of 8 GiB.
+    #[arg(long, default_value_t = 30_000)]
+    nft_f_max: usize,
 }
 
 /// kube-proxy's logging flags, so that a DaemonSet's args carry over.
@@ -661,6 +666,7 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
         start_limit: Duration::from_secs(args.start_limit),
         logs: args.logs.clone(),
         plot: args.plot.clone(),
+        nft_f_max: args.nft_f_max,
         etcd: args.etcd.map(|addr| versus::Etcd {
             addr,
             netns: args.etcd_netns.clone(),

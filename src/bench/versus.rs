@@ -104,6 +104,8 @@ pub struct VersusOptions {
     pub plot: Option<PathBuf>,
     /// Write the Services into this etcd, not through the API server.
     pub etcd: Option<Etcd>,
+    /// The largest size at which each ruleset is loaded again with `nft -f`.
+    pub nft_f_max: usize,
 }
 
 /// The medians of one contender at one size.
@@ -540,6 +542,7 @@ fn measure(
     std::thread::sleep(Duration::from_secs(3));
     let nft_f = match c {
         Contender::KubeProxyIptables => None,
+        _ if size > opts.nft_f_max => None,
         _ => Some(nft_f_of_this_ruleset(
             &opts.logs.join(format!("{tag}.nft")),
         )?),
