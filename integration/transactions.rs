@@ -187,3 +187,47 @@ fn a_removal_is_seen_at_the_commit_after_which_the_address_is_unreachable_not_an
     nft("delete element ip t s { 10.5.5.5 }");
     assert_eq!(deleting.join().unwrap(), Ok(true));
 }
+
+/// A monitor that is away during our commits hears none of them (the kernel
+/// writes no notification of them), and hears another process's commit as
+/// soon as ours is done. It is asked to report every commit as another's, so
+/// that hearing one of ours would show.
+#[test]
+fn a_monitor_away_during_our_commits_hears_only_other_processes_commits() {
+    use kube_nft::netlink::monitor::{Change, Monitor};
+    require_root();
+    let ns = kube_nft::netns::Netns::create(&unique("away")).unwrap();
+    let web = desired(
+        &(service("web", &["10.96.0.10"], &[tcp(80, 9376)])
+            + &slice("web", "a", &[tcp(80, 9376)], &["10.244.0.11"])),
+    );
+    let mut monitor = in_netns(&ns.name, || {
+        let m = Monitor::open()?;
+        m.away_during_own_commits().map(|()| m)
+    })
+    .unwrap()
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        while let Ok(change) = monitor.next_foreign_change(|_| true, |_| false) {
+            if tx.send(change).is_err() {
+                return;
+            }
+        }
+    });
+    in_netns(&ns.name, move || {
+        let mut sock = NftSocket::open().unwrap();
+        kernel::apply(&mut sock, &web).unwrap();
+    })
+    .unwrap();
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_millis(1500)).ok(),
+        None,
+        "our own commit was heard"
+    );
+    exec_in(&ns.name, &["nft", "add table ip someone-else"]);
+    assert!(matches!(
+        rx.recv_timeout(std::time::Duration::from_secs(5)),
+        Ok(Change::Foreign { .. })
+    ));
+}

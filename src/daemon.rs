@@ -28,6 +28,7 @@ use crate::source::{kubernetes, Update};
 use crate::stale_flows::StaleFlowCleaner;
 use ipnet::IpNet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -174,6 +175,16 @@ fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
 /// (and if it is, the store keeps its last good objects).
 const MANIFEST_POLL: Duration = Duration::from_millis(250);
 
+/// How often a full sync reads our tables back when nothing asked for one,
+/// while the drift monitor watches them: nf_tables drift is then seen as it
+/// happens. At 100k Services a full sync reads 1.2M set elements back, 35–45 s
+/// here (the kernel's element dumps restart their walk of a set at every
+/// message: 83% of the time in `rhashtable_walk_next`), and every change waits
+/// behind it. kube-proxy's nftables mode forces a full sync once an hour too
+/// (`proxyutil.FullSyncPeriod`). IPVS has no notifications: in that mode, and
+/// without a monitor, it stays every `--sync-period`.
+const MONITORED_FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
 fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
     std::thread::spawn(move || {
         let mut read = manifests_stamp(&paths);
@@ -192,16 +203,28 @@ fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
     });
 }
 
-fn watch_drift(tx: mpsc::Sender<Event>) {
+/// Starts the drift monitor; `watching` says whether it runs.
+fn watch_drift(tx: mpsc::Sender<Event>, watching: Arc<AtomicBool>) {
     match Monitor::open().and_then(|m| m.away_during_own_commits().map(|()| m)) {
         Ok(mut monitor) => {
+            watching.store(true, Ordering::Relaxed);
             std::thread::spawn(move || {
                 let own = crate::netlink::nftables::committed_by_this_process;
-                while let Ok(change) = monitor.next_foreign_change(TableId::is_ours, own) {
-                    if tx.send(Event::Drift(change)).is_err() {
-                        return;
+                let stopped = loop {
+                    match monitor.next_foreign_change(TableId::is_ours, own) {
+                        Ok(change) => {
+                            if tx.send(Event::Drift(change)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => break e,
                     }
-                }
+                };
+                watching.store(false, Ordering::Relaxed);
+                tracing::error!(
+                    "nf_tables notifications: {stopped}; no longer watched, drift is repaired every sync period"
+                );
+                let _ = tx.send(Event::Drift(Change::Lost));
             });
         }
         Err(e) => tracing::warn!(
@@ -332,8 +355,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     }
     node_settings.apply(&mut engine, &store, false);
     watch_signals(tx.clone())?;
+    let watching = Arc::new(AtomicBool::new(false));
     if !once {
-        watch_drift(tx.clone());
+        watch_drift(tx.clone(), watching.clone());
         start_servers(&settings, flags, &health, &metrics);
     }
     drop(tx);
@@ -341,10 +365,21 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     let service_health = (!once).then(HealthServers::start);
     let mut flows = StaleFlowCleaner::default();
     let mut last_sync: Option<Instant> = None;
-    // When the periodic full sync is next asked for. It moves on when asked, not
-    // only when a full sync is done: until every kind is listed none can be, and
-    // a deadline left in the past would turn the wait below into a busy loop.
-    let mut next_full = Instant::now() + settings.sync_period;
+    // Every sync period the node's addresses are read again, and a full sync is
+    // asked for if one is due (`MONITORED_FULL_SYNC_PERIOD`). The tick moves on
+    // when it passes, not only when a full sync is done: until every kind is
+    // listed none can be, and a deadline left in the past would turn the wait
+    // below into a busy loop.
+    let full_period = || {
+        if watching.load(Ordering::Relaxed) && !settings.node.mode.is_ipvs() {
+            MONITORED_FULL_SYNC_PERIOD.max(settings.sync_period)
+        } else {
+            settings.sync_period
+        }
+    };
+    let mut next_tick = Instant::now() + settings.sync_period;
+    let mut next_full = Instant::now() + full_period();
+    let mut last_full = Instant::now();
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut was_ready = false;
@@ -362,10 +397,13 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
             was_ready = true;
         }
         let now = Instant::now();
-        if now >= next_full {
+        if now >= next_tick {
             node_settings.apply(&mut engine, &store, true);
-            engine.request_full_sync();
-            next_full = now + settings.sync_period;
+            if now >= next_full.min(last_full + full_period()) {
+                engine.request_full_sync();
+                next_full = now + full_period();
+            }
+            next_tick = now + settings.sync_period;
         }
         let earliest = last_sync
             .map_or(now, |t| t + settings.min_sync_period)
@@ -380,7 +418,8 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 Ok(r) => {
                     let done = SystemTime::now();
                     if r.kind == SyncKind::Full {
-                        next_full = now + settings.sync_period;
+                        last_full = now;
+                        next_full = now + full_period();
                     }
                     log_sync(&r);
                     let now_unserved = engine.config().nodeports_unserved(store.state());
@@ -420,9 +459,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
             continue;
         }
         let wake = if ready && engine.pending() {
-            earliest.min(next_full)
+            earliest.min(next_tick)
         } else {
-            next_full
+            next_tick
         };
         let event = match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
             Ok(event) => event,
