@@ -378,8 +378,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         }
     };
     let mut next_tick = Instant::now() + settings.sync_period;
-    let mut next_full = Instant::now() + full_period();
-    let mut last_full = Instant::now();
+    // When a full sync was last asked for or done: the next is due a
+    // `full_period()` later (which shrinks if the monitor stops).
+    let mut full_asked = Instant::now();
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut was_ready = false;
@@ -399,9 +400,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         let now = Instant::now();
         if now >= next_tick {
             node_settings.apply(&mut engine, &store, true);
-            if now >= next_full.min(last_full + full_period()) {
+            if now >= full_asked + full_period() {
                 engine.request_full_sync();
-                next_full = now + full_period();
+                full_asked = now;
             }
             next_tick = now + settings.sync_period;
         }
@@ -418,8 +419,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 Ok(r) => {
                     let done = SystemTime::now();
                     if r.kind == SyncKind::Full {
-                        last_full = now;
-                        next_full = now + full_period();
+                        full_asked = now;
                     }
                     log_sync(&r);
                     let now_unserved = engine.config().nodeports_unserved(store.state());

@@ -3,6 +3,7 @@
 //! fraction rather than at the next periodic resync.
 
 use super::attr::{Attrs, Payload};
+use super::batch::NEWGEN;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,8 @@ use std::time::{Duration, Instant};
 
 /// The nf_tables multicast group.
 const NFNLGRP_NFTABLES: u32 = 7;
-const NFT_MSG_NEWGEN: u16 = 15;
+// enum nft_gen_attributes
+pub(crate) const NFTA_GEN_ID: u16 = 1;
 const NFTA_GEN_PROC_PID: u16 = 2;
 const NLMSG_HDRLEN: usize = 16;
 const ENOBUFS: i32 = 105;
@@ -101,7 +103,7 @@ impl Monitor {
     ) -> io::Result<Change> {
         let mut touched = false;
         self.next_commit(Change::Lost, |kind, port, attrs| {
-            if kind == NFT_MSG_NEWGEN {
+            if kind == NEWGEN {
                 if touched && !own(port) {
                     let pid = Attrs::new(attrs)
                         .flatten()
@@ -133,7 +135,7 @@ impl Monitor {
         mut holds: impl FnMut() -> bool,
     ) -> io::Result<Option<Instant>> {
         let seen = self.next_commit(None, |kind, _, _| {
-            if kind != NFT_MSG_NEWGEN {
+            if kind != NEWGEN {
                 return None;
             }
             let at = Instant::now();
@@ -144,9 +146,7 @@ impl Monitor {
         sock.set_non_blocking(true)?;
         let later = loop {
             match sock.recv_from_full() {
-                Ok((buf, _)) if messages(&buf).any(|(k, _, _)| k == NFT_MSG_NEWGEN) => {
-                    break Ok(true)
-                }
+                Ok((buf, _)) if messages(&buf).any(|(k, _, _)| k == NEWGEN) => break Ok(true),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
                 Err(e) if e.raw_os_error() == Some(ENOBUFS) => break Ok(true),

@@ -3,7 +3,9 @@
 //! readback (`read_table`) and the compact one (`nft::view`) both use.
 
 use super::attr::{AttrWriter, ParseError};
-use super::batch::{msg_type, put_header, GETCHAIN, GETOBJ, GETRULE, GETSET, GETSETELEM, GETTABLE};
+use super::batch::{
+    msg_type, put_header, GETCHAIN, GETGEN, GETOBJ, GETRULE, GETSET, GETSETELEM, GETTABLE,
+};
 use super::message::{
     exchange, finish_msg, parse_error, split_messages, Refusal, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP,
     NLM_F_REQUEST,
@@ -125,9 +127,7 @@ impl NftSocket {
 
     /// The kernel's generation count of the ruleset: one more per transaction
     /// committed, by any process.
-    pub fn generation(&mut self) -> Result<u32, NftError> {
-        const GETGEN: u16 = 16;
-        const NFTA_GEN_ID: u16 = 1;
+    fn generation(&mut self) -> Result<u32, NftError> {
         let mut buf = Vec::new();
         let at = put_header(
             &mut buf,
@@ -143,7 +143,7 @@ impl NftSocket {
         exchange(sock, rx, &buf, |msg| {
             let attrs = msg.payload.get(4..).unwrap_or_default();
             for (k, p) in super::attr::Attrs::new(attrs).flatten() {
-                if k == NFTA_GEN_ID {
+                if k == super::monitor::NFTA_GEN_ID {
                     id = Some(super::attr::Payload::new("gen", k, p).u32()?);
                 }
             }
