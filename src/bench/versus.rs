@@ -704,6 +704,8 @@ fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Re
             .next_commit_after_which(|| listing().is_ok_and(|listed| !reaches(&listed, removed)));
         let _ = tx.send(gone);
     });
+    // At debug, the clock's start for setting beside the proxy's own log.
+    tracing::debug!(%removed, "change sent");
     let t0 = Instant::now();
     change()?;
     let gone = rx

@@ -149,8 +149,14 @@ async fn forward<K: Send + 'static, T: From<Update>>(
             Ok(Event::Init) => Delta::ListStarted,
             Ok(Event::InitApply(obj)) => Delta::Listing(Box::new(obj)),
             Ok(Event::InitDone) => Delta::Listed,
-            Ok(Event::Apply(obj)) => Delta::Applied(Box::new(obj)),
-            Ok(Event::Delete(obj)) => Delta::Deleted(Box::new(obj)),
+            Ok(Event::Apply(obj)) => {
+                tracing::debug!(kind, "watch: applied");
+                Delta::Applied(Box::new(obj))
+            }
+            Ok(Event::Delete(obj)) => {
+                tracing::debug!(kind, "watch: deleted");
+                Delta::Deleted(Box::new(obj))
+            }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if status.is_not_found() =>
             {
