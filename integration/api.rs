@@ -361,6 +361,29 @@ fn before_the_first_list_nothing_is_programmed_and_healthz_says_so() {
     );
 }
 
+/// A restart over an earlier run's rules while the API server is away: those
+/// rules serve, and /healthz says 200 all along. A Node not listed yet is not a
+/// Node being deleted (this answered 503 from each start until the Node was listed).
+#[test]
+fn a_restart_over_our_rules_stays_healthy_while_the_api_server_is_away() {
+    let c = Cluster::new("api-away", &WEB_PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    sync_once(c.node(), &manifests);
+    let d = start_daemon(&c, ["--master", "http://127.0.0.1:1"], &[]);
+    wait_until(Duration::from_secs(10), "healthz to answer", || {
+        http_status(c.node(), HEALTHZ, "/healthz").is_some()
+    });
+    for _ in 0..20 {
+        let (code, body) = http_status(c.node(), HEALTHZ, "/healthz").unwrap();
+        assert_eq!(code, 200, "{body}\n{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(answers(c.client(), "10.96.0.10:80"));
+    let log = d.log_text();
+    assert!(log.contains("in place from an earlier run"), "{log}");
+    assert!(!log.contains("being deleted"), "{log}");
+}
+
 /// User and system CPU time a process has used, from /proc/PID/stat.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

@@ -387,7 +387,11 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     // Said once per different reason: NodePorts with no address to serve them on.
     let mut unserved: Option<String> = None;
     loop {
-        health.set_node_eligible(node_eligible(store.state().node.as_ref(), from_api));
+        // Before the list, no Node object says nothing: over an earlier run's
+        // rules, /healthz must not turn 503 while the API server is slow or away.
+        if store.node_listed() {
+            health.set_node_eligible(node_eligible(store.state().node.as_ref(), from_api));
+        }
         let ready = store.synced() && manifests.as_ref().is_none_or(ManifestStore::ready);
         if ready && !was_ready {
             tracing::info!(

@@ -188,6 +188,11 @@ impl ClusterStore {
         self.listed.len() == 4
     }
 
+    /// The Node kind has been listed: from here on, no Node object means none.
+    pub fn node_listed(&self) -> bool {
+        self.listed.contains(&Kind::Node)
+    }
+
     /// The CIDRs of every ServiceCIDR object: the cluster's default one (named
     /// `kubernetes`) first, then the others by name.
     pub fn service_cidrs(&self) -> Vec<IpNet> {
