@@ -8,6 +8,8 @@ log beside kube-nft's:
          server's write, its watch cache, the wire and the decoding)
   queue  -> kube-nft's partial sync starts
   sync   -> the partial sync has committed
+  on_cpu, runnable   of the sync, the thread's time on a CPU and its time
+         waiting for one (the rest of it, blocked: the kernel's locks, I/O)
 
 Both logs must be at debug for these lines (docs/BENCHMARKS.md, "Against real
 kube-proxy at 10k and 100k"):
@@ -48,6 +50,12 @@ def first_after(found, t):
     return next((e[0] for e in found if e[0] >= t), None)
 
 
+def field_ms(line, name):
+    """The value of `name=` in a log line, in ms (NaN where absent)."""
+    found = re.search(rf"\b{name}=([0-9.e+-]+)", line)
+    return float(found.group(1)) / 1e3 if found else float("nan")
+
+
 def main(bench_log, kube_nft_log):
     sent = events(bench_log, r"change sent")
     watched = events(kube_nft_log, r"watch: (applied|deleted)")
@@ -63,13 +71,17 @@ def main(bench_log, kube_nft_log):
         if watch is None or watch - t0 > MAX_API_SECONDS:
             continue
         start = first_after(started, watch)
-        done = start and first_after(synced, start)
+        done = start and next((e for e in synced if e[0] >= start), None)
         if done is None:
             continue
-        rows.append([(watch - t0), (start - watch), (done - start), (done - t0)])
+        done, line = done
+        rows.append([
+            watch - t0, start - watch, done - start,
+            field_ms(line, "on_cpu_ms"), field_ms(line, "runnable_ms"), done - t0,
+        ])
     if not rows:
         sys.exit("no change of the bench's log falls in kube-nft's log")
-    print("api_ms\tqueue_ms\tsync_ms\ttotal_ms")
+    print("api_ms\tqueue_ms\tsync_ms\ton_cpu\trunnable\ttotal_ms")
     for row in rows:
         print("\t".join(f"{x * 1e3:.1f}" for x in row))
     medians = [statistics.median(col) * 1e3 for col in zip(*rows)]

@@ -108,17 +108,21 @@ impl Engine {
         }
         let mut written = Vec::new();
         for d in &mut self.dataplanes {
+            let before = tracing::enabled!(tracing::Level::DEBUG).then(ThreadTime::now);
             let result = match kind {
                 SyncKind::Full => d.full_sync(state, &self.config),
                 SyncKind::Partial => d.partial_sync(state, &self.config, &recomputed),
             };
             match result {
                 Ok(w) => {
+                    let (on_cpu, runnable) = before.map(ThreadTime::since).unwrap_or_default();
                     tracing::debug!(
                         dataplane = d.name(),
                         kind = ?kind,
                         messages = w.committed.messages,
                         bytes = w.committed.bytes,
+                        on_cpu_ms = on_cpu.as_secs_f64() * 1000.0,
+                        runnable_ms = runnable.as_secs_f64() * 1000.0,
                         "dataplane synced"
                     );
                     written.push((d.name(), w))
@@ -158,6 +162,35 @@ impl Engine {
             }
         }
         Ok(true)
+    }
+}
+
+/// This thread's time on a CPU and time runnable but waiting for one, from
+/// the scheduler's `/proc/thread-self/schedstat`: a sync that is slow on a
+/// busy node shows whether it worked or queued (zeros where the file is absent).
+#[derive(Clone, Copy)]
+struct ThreadTime {
+    on_cpu_ns: u64,
+    runnable_ns: u64,
+}
+
+impl ThreadTime {
+    fn now() -> ThreadTime {
+        let read = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+        let mut fields = read.split_whitespace().map(|f| f.parse().unwrap_or(0));
+        ThreadTime {
+            on_cpu_ns: fields.next().unwrap_or(0),
+            runnable_ns: fields.next().unwrap_or(0),
+        }
+    }
+
+    /// On a CPU and runnable since `earlier`.
+    fn since(earlier: ThreadTime) -> (Duration, Duration) {
+        let now = ThreadTime::now();
+        (
+            Duration::from_nanos(now.on_cpu_ns.saturating_sub(earlier.on_cpu_ns)),
+            Duration::from_nanos(now.runnable_ns.saturating_sub(earlier.runnable_ns)),
+        )
     }
 }
 

@@ -219,6 +219,9 @@ pub struct ControlResult {
     pub restart_bytes: usize,
     pub endpoint_change_ms: f64,
     pub endpoint_change_bytes: usize,
+    /// One endpoint of ten removed: the Service port's count changes.
+    pub endpoint_remove_ms: f64,
+    pub endpoint_remove_bytes: usize,
     pub service_add_ms: f64,
     pub service_add_bytes: usize,
     pub service_delete_ms: f64,
@@ -307,12 +310,14 @@ pub fn control_plane(
         kube_proxy_shape_ms,
         restart_ms: median(restart.iter().map(|c| c.ms).collect()),
         restart_bytes: median_usize(restart.iter().map(|c| c.bytes).collect()),
-        endpoint_change_ms: incremental.0 .0,
-        endpoint_change_bytes: incremental.0 .1,
-        service_add_ms: incremental.1 .0,
-        service_add_bytes: incremental.1 .1,
-        service_delete_ms: incremental.2 .0,
-        service_delete_bytes: incremental.2 .1,
+        endpoint_change_ms: incremental.endpoint_replaced.0,
+        endpoint_change_bytes: incremental.endpoint_replaced.1,
+        endpoint_remove_ms: incremental.endpoint_removed.0,
+        endpoint_remove_bytes: incremental.endpoint_removed.1,
+        service_add_ms: incremental.service_added.0,
+        service_add_bytes: incremental.service_added.1,
+        service_delete_ms: incremental.service_deleted.0,
+        service_delete_bytes: incremental.service_deleted.1,
         ours_view,
         kube_proxy_view,
     })
@@ -320,9 +325,18 @@ pub fn control_plane(
 
 type Cost = (f64, usize);
 
+/// The costs `incremental_changes` measures.
+struct Incremental {
+    endpoint_replaced: Cost,
+    endpoint_removed: Cost,
+    service_added: Cost,
+    service_deleted: Cost,
+}
+
 /// From the change to the model to the kernel's commit, median over `runs`
-/// changes each: one endpoint replaced, one Service added, one deleted.
-fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, Cost), String> {
+/// changes each: one endpoint replaced, one endpoint removed (its Service's
+/// count changes), one Service added, one deleted.
+fn incremental_changes(state: ClusterState, runs: usize) -> Result<Incremental, String> {
     let services = state.services.len();
     let mut p = crate::assemble::proxy(synthetic::node_config()).map_err(|e| e.to_string())?;
     p.replace_state(state);
@@ -336,7 +350,7 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
         let r = p.sync().map_err(|e| e.to_string())?;
         Ok((start.elapsed().as_secs_f64() * 1000.0, r.committed.bytes))
     };
-    let (mut ep, mut add, mut del) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ep, mut removed, mut add, mut del) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
         // One endpoint of a Service replaced by a new address (a pod rescheduled).
         let i = (r * 7919) % services;
@@ -353,6 +367,21 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
                 }
             }
         })?);
+        // The last endpoint of another Service goes: 10 endpoints become 9.
+        let k = (i + services / 2) % services;
+        removed.push(measure(
+            &mut p,
+            &synthetic::service_key(k),
+            &|s: &mut ClusterState| {
+                if let Some(slice) = s
+                    .slices
+                    .get_mut(&synthetic::service_key(k))
+                    .and_then(|m| m.values_mut().next())
+                {
+                    slice.endpoints.pop();
+                }
+            },
+        )?);
         let j = services + r;
         let key = synthetic::service_key(j);
         add.push(measure(&mut p, &key, &|s: &mut ClusterState| {
@@ -377,7 +406,12 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<(Cost, Cost, 
             median_usize(v.iter().map(|c| c.1).collect()),
         )
     };
-    Ok((summarize(ep), summarize(add), summarize(del)))
+    Ok(Incremental {
+        endpoint_replaced: summarize(ep),
+        endpoint_removed: summarize(removed),
+        service_added: summarize(add),
+        service_deleted: summarize(del),
+    })
 }
 
 fn fmt_ms(ms: f64) -> String {
@@ -411,12 +445,12 @@ pub fn speedup(ours: f64, theirs: f64) -> String {
 /// The control-plane results as a Markdown table.
 pub fn control_table(results: &[ControlResult]) -> String {
     let mut out = String::new();
-    out.push_str("| Services × endpoints | cold full sync | of which the kernel's commit | bytes | peak RSS | the same, timed as a process | `nft -f` same ruleset (a process) | ours vs `nft -f`, both processes | an anonymous `numgen` map per Service via `nft -f` | restart: time, bytes | 1 endpoint changed | 1 Service added | 1 Service deleted |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| Services × endpoints | cold full sync | of which the kernel's commit | bytes | peak RSS | the same, timed as a process | `nft -f` same ruleset (a process) | ours vs `nft -f`, both processes | an anonymous `numgen` map per Service via `nft -f` | restart: time, bytes | 1 endpoint changed | 1 endpoint removed | 1 Service added | 1 Service deleted |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in results {
         writeln!(
             out,
-            "| {} × {} | {} | {} | {} | {:.0} MiB | {} | {} | {} | {} | {}, {} | {}, {} | {}, {} | {}, {} |",
+            "| {} × {} | {} | {} | {} | {:.0} MiB | {} | {} | {} | {} | {}, {} | {}, {} | {}, {} | {}, {} | {}, {} |",
             thousands(r.services),
             if r.endpoints % r.services == 0 { format!("{}", r.endpoints / r.services) } else { format!("{:.1} ({}k)", r.endpoints as f64 / r.services as f64, r.endpoints / 1000) },
             fmt_ms(r.cold_ms),
@@ -431,6 +465,8 @@ pub fn control_table(results: &[ControlResult]) -> String {
             fmt_bytes(r.restart_bytes),
             fmt_ms(r.endpoint_change_ms),
             fmt_bytes(r.endpoint_change_bytes),
+            fmt_ms(r.endpoint_remove_ms),
+            fmt_bytes(r.endpoint_remove_bytes),
             fmt_ms(r.service_add_ms),
             fmt_bytes(r.service_add_bytes),
             fmt_ms(r.service_delete_ms),

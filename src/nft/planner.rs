@@ -510,7 +510,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             .collect();
         shared.sort();
         for (id, s) in shared {
-            if let Some(chain) = s.chain(config.masquerade_mark()) {
+            for chain in s.chains(config.masquerade_mark()) {
                 let chain = lower_chain(family, &chain);
                 wanted_chains
                     .entry(id)
@@ -709,19 +709,22 @@ impl Footprints {
             let after = (before as isize + delta).max(0) as usize;
             let family = table.family;
             match (before, after) {
-                (0, n) if n > 0 => match shared.chain(config.masquerade_mark()) {
-                    Some(chain) => plan.add_chain(table, lower_chain(family, &chain)),
-                    None => {
-                        if let Shared::Map(map) = shared {
-                            plan.add_set(table, lower_set(&map.set(family)));
-                        }
+                (0, n) if n > 0 => {
+                    if let Shared::Map(map) = shared {
+                        plan.add_set(table, lower_set(&map.set(family)));
                     }
-                },
-                (n, 0) if n > 0 => match (shared.chain_name(), shared) {
-                    (Some(chain), _) => plan.delete_chain(table, &chain),
-                    (None, Shared::Map(map)) => plan.delete_set(table, &map.name()),
-                    (None, _) => {}
-                },
+                    for chain in shared.chains(config.masquerade_mark()) {
+                        plan.add_chain(table, lower_chain(family, &chain));
+                    }
+                }
+                (n, 0) if n > 0 => {
+                    for chain in shared.chain_names() {
+                        plan.delete_chain(table, &chain);
+                    }
+                    if let Shared::Map(map) = shared {
+                        plan.delete_set(table, &map.name());
+                    }
+                }
                 _ => {}
             }
             shared_refs.push(((table, shared), after));

@@ -133,7 +133,7 @@ fn tables_for(
         tables[main].counters.extend(rules.counters);
     }
     for (i, s) in shared {
-        tables[i].chains.extend(s.chain(config.masquerade_mark()));
+        tables[i].chains.extend(s.chains(config.masquerade_mark()));
         if let Shared::Map(map) = s {
             let mut set = map.set(family);
             set.elements = endpoint_maps.remove(&(i, map)).unwrap_or_default();
