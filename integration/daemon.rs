@@ -1080,3 +1080,46 @@ fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
         "no kill landed on each side of the commit: {seen:?}"
     );
 }
+
+/// `run` executes itself again with one malloc arena (`malloc_arena`), and an
+/// arena count the operator set is kept as it is.
+#[test]
+fn the_daemon_runs_with_one_malloc_arena_unless_told_otherwise() {
+    let c = Cluster::new("arena", &WEB_PODS[..1], &[9376]);
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let tunables_of = |d: &mut Daemon| {
+        wait_until(Duration::from_secs(10), "the VIP to answer", || {
+            d.assert_running();
+            answers(c.client(), "10.96.0.10:80")
+        });
+        let environ = std::fs::read(format!("/proc/{}/environ", d.pid())).unwrap();
+        let found = environ
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(b"GLIBC_TUNABLES=".as_slice()))
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        d.terminate();
+        found
+    };
+    let mut d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("default.log"),
+        &["--hostname-override", "node1"],
+    );
+    assert_eq!(
+        tunables_of(&mut d).as_deref(),
+        Some("glibc.malloc.arena_max=1")
+    );
+    let mut args = proxy_command("run", &manifests);
+    args.extend(["--hostname-override", "node1"]);
+    let mut command = Command::new("ip");
+    command
+        .args(["netns", "exec", c.node(), BIN])
+        .args(&args)
+        .env("GLIBC_TUNABLES", "glibc.malloc.arena_max=2");
+    let mut d = Daemon::spawn_command(command, c.scratch.0.join("set.log"));
+    assert_eq!(
+        tunables_of(&mut d).as_deref(),
+        Some("glibc.malloc.arena_max=2")
+    );
+}

@@ -165,9 +165,9 @@ impl Engine {
     }
 }
 
-/// This thread's time on a CPU and time runnable but waiting for one, from
-/// the scheduler's `/proc/thread-self/schedstat`: a sync that is slow on a
-/// busy node shows whether it worked or queued (zeros where the file is absent).
+/// This thread's time on a CPU, and its time runnable but waiting for one
+/// (the scheduler's `/proc/thread-self/schedstat`; zero where it is absent): a
+/// sync that is slow on a busy node shows whether it worked or queued.
 #[derive(Clone, Copy)]
 struct ThreadTime {
     on_cpu_ns: u64,
@@ -176,11 +176,17 @@ struct ThreadTime {
 
 impl ThreadTime {
     fn now() -> ThreadTime {
+        // The CPU clock, not schedstat's first field: that one lags by up to
+        // a scheduler tick for the running thread.
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
         let read = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
-        let mut fields = read.split_whitespace().map(|f| f.parse().unwrap_or(0));
         ThreadTime {
-            on_cpu_ns: fields.next().unwrap_or(0),
-            runnable_ns: fields.next().unwrap_or(0),
+            on_cpu_ns: cpu.tv_sec as u64 * 1_000_000_000 + cpu.tv_nsec as u64,
+            runnable_ns: read
+                .split_whitespace()
+                .nth(1)
+                .and_then(|f| f.parse().ok())
+                .unwrap_or(0),
         }
     }
 

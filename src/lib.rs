@@ -33,6 +33,7 @@ pub mod http;
 pub mod ipvs;
 pub mod kube_proxy_leftovers;
 pub mod lab;
+pub mod malloc_arena;
 pub mod metrics;
 pub mod metrics_server;
 pub mod netlink;

@@ -442,10 +442,17 @@ fn main() -> ExitCode {
     let command = Cli::command();
     let matches = command.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let reexec_failed = match &cli.command {
+        Command::Run(_) => kube_nft::malloc_arena::reexec_with_one_arena(),
+        _ => None,
+    };
     init_logging(match &cli.command {
         Command::Run(args) => Some(&args.logging),
         _ => None,
     });
+    if let Some(e) = reexec_failed {
+        tracing::warn!("running with glibc's malloc arenas: executing again with one failed: {e}");
+    }
     let result: Result<bool, String> = match cli.command {
         Command::Run(args) => run(&args, &flag_values(&command, &matches)),
         Command::Render { proxy } => {
