@@ -1081,17 +1081,22 @@ fn sigkill_during_a_large_sync_then_a_restart_adopts_what_it_left() {
     );
 }
 
-/// `run` executes itself again with one malloc arena (`malloc_arena`), and an
-/// arena count the operator set is kept as it is.
+/// `run` executes itself again with one malloc arena (`malloc_arena`), under
+/// its own name (`ps` shows kube-nft), and an arena count the operator set is
+/// kept as it is.
 #[test]
 fn the_daemon_runs_with_one_malloc_arena_unless_told_otherwise() {
     let c = Cluster::new("arena", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let tunables_of = |d: &mut Daemon| {
-        wait_until(Duration::from_secs(10), "the VIP to answer", || {
+        // Its own sync, not the VIP: the first daemon's rules outlive it.
+        wait_until(Duration::from_secs(10), "a full sync", || {
             d.assert_running();
-            answers(c.client(), "10.96.0.10:80")
+            d.syncs("Full") > 0
         });
+        assert!(answers(c.client(), "10.96.0.10:80"));
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", d.pid())).unwrap();
+        assert_eq!(comm.trim(), "kube-nft");
         let environ = std::fs::read(format!("/proc/{}/environ", d.pid())).unwrap();
         let found = environ
             .split(|b| *b == 0)

@@ -44,8 +44,14 @@ pub fn reexec_with_one_arena() -> Option<std::io::Error> {
     let tunables = with_one_arena(current.as_deref())?;
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| OsString::from("kube-nft"));
+    // The program's path, not /proc/self/exe: the kernel names the process
+    // after the file it executes, and `ps` and `top` would show "exe".
+    let program = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => return Some(e),
+    };
     Some(
-        std::process::Command::new("/proc/self/exe")
+        std::process::Command::new(program)
             .arg0(arg0)
             .args(args)
             .env(VARIABLE, tunables)
