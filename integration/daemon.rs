@@ -1117,11 +1117,8 @@ fn the_daemon_runs_with_one_malloc_arena_unless_told_otherwise() {
     );
     let mut args = proxy_command("run", &manifests);
     args.extend(["--hostname-override", "node1"]);
-    let mut command = Command::new("ip");
-    command
-        .args(["netns", "exec", c.node(), BIN])
-        .args(&args)
-        .env("GLIBC_TUNABLES", "glibc.malloc.arena_max=2");
+    let mut command = Daemon::command(c.node(), &args);
+    command.env("GLIBC_TUNABLES", "glibc.malloc.arena_max=2");
     let mut d = Daemon::spawn_command(command, c.scratch.0.join("set.log"));
     assert_eq!(
         tunables_of(&mut d).as_deref(),

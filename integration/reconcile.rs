@@ -77,6 +77,16 @@ impl<K: Kernel> Harness<K> {
         Proxy::new(Engine::new(config, vec![Box::new(nft)]))
     }
 
+    /// A new proxy that has synced `services` Services of `endpoints` each.
+    fn synced_proxy(&self, services: usize, endpoints: usize) -> Proxy {
+        let mut p = self.proxy(config());
+        for i in 0..services {
+            add_service(&mut p, i, endpoints);
+        }
+        p.sync().unwrap();
+        p
+    }
+
     fn read_table(&self, table: TableId) -> KernelTable {
         self.kernel.handle().read_table(table).unwrap().unwrap()
     }
@@ -293,11 +303,7 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
 }
 
 fn restart_over_a_correct_ruleset_writes_nothing(h: &Harness<impl Kernel>) {
-    let p = &mut h.proxy(config());
-    for i in 0..50 {
-        add_service(p, i, 4);
-    }
-    p.sync().unwrap();
+    let p = &mut h.synced_proxy(50, 4);
     // Move endpoints around so the kernel's slots differ from a fresh computation.
     p.update(&service_key(7), |s| {
         set_endpoints(s, 7, &[endpoint(7, 3), endpoint(7, 1), endpoint(7, 9)])
@@ -321,11 +327,7 @@ fn restart_over_a_correct_ruleset_writes_nothing(h: &Harness<impl Kernel>) {
 /// The bytes of three one-endpoint changes (replace one, remove one, add one
 /// back), with `services` Services programmed by a new proxy.
 fn endpoint_change_bytes(h: &Harness<impl Kernel>, services: usize) -> Vec<usize> {
-    let p = &mut h.proxy(config());
-    for i in 0..services {
-        add_service(p, i, 10);
-    }
-    p.sync().unwrap();
+    let p = &mut h.synced_proxy(services, 10);
     let i = services / 2;
     let changes: [&[usize]; 3] = [
         &[0, 1, 2, 3, 4, 5, 6, 7, 8, 11],
@@ -360,11 +362,7 @@ fn endpoint_change_transaction_size_does_not_grow_with_services(h: &Harness<impl
 }
 
 fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs(h: &Harness<impl Kernel>) {
-    let p = &mut h.proxy(config());
-    for i in 0..10 {
-        add_service(p, i, 3);
-    }
-    p.sync().unwrap();
+    let p = &mut h.synced_proxy(10, 3);
     // Behind the proxy's back, remove an element it believes is there.
     let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
     let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
@@ -481,12 +479,8 @@ fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
 /// element (18–26 ms at 100k Services). Above 16, a count's chain comes with
 /// its first entry and goes with its last.
 fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
-    let p = &mut h.proxy(config());
     // Enough that Service 0's table keeps others of 10 endpoints as it moves.
-    for i in 0..100 {
-        add_service(p, i, 10);
-    }
-    p.sync().unwrap();
+    let p = &mut h.synced_proxy(100, 10);
     let table = TableId::shard(Family::Ip, shard_of(&service_key(0)));
     let chains = || -> Vec<String> {
         let mut names: Vec<String> = h

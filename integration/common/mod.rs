@@ -339,15 +339,14 @@ impl Daemon {
 
     /// The binary with exactly `args`.
     pub fn spawn(ns: &str, args: &[&str], log: PathBuf) -> Daemon {
-        let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns, BIN])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(file)
-            .spawn()
-            .unwrap();
-        Daemon { child, log }
+        Daemon::spawn_command(Daemon::command(ns, args), log)
+    }
+
+    /// The command `spawn` runs, for a test to add to (its environment, say).
+    pub fn command(ns: &str, args: &[&str]) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", ns, BIN]).args(args);
+        command
     }
 
     /// Any command that ends up exec'ing kube-nft (so that the child is kube-nft).

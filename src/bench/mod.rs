@@ -23,7 +23,7 @@ pub mod reach;
 pub mod report;
 pub mod versus;
 
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, Endpoint, ServiceKey};
 use crate::core::node_config::NodeConfig;
 use crate::engine::Proxy;
 use crate::netns::{in_netns, Netns};
@@ -325,6 +325,12 @@ pub fn control_plane(
 
 type Cost = (f64, usize);
 
+/// The endpoints of synthetic Service `i` (its one slice's).
+fn endpoints_of(s: &mut ClusterState, i: usize) -> Option<&mut Vec<Endpoint>> {
+    let slices = s.slices.get_mut(&synthetic::service_key(i))?;
+    slices.values_mut().next().map(|slice| &mut slice.endpoints)
+}
+
 /// The costs `incremental_changes` measures.
 struct Incremental {
     endpoint_replaced: Cost,
@@ -357,14 +363,8 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<Incremental, 
         let key = synthetic::service_key(i);
         let new_addr = IpAddr::from((0x0b00_0000u32 + r as u32).to_be_bytes());
         ep.push(measure(&mut p, &key, &|s: &mut ClusterState| {
-            if let Some(slice) = s
-                .slices
-                .get_mut(&synthetic::service_key(i))
-                .and_then(|m| m.values_mut().next())
-            {
-                if let Some(e) = slice.endpoints.first_mut() {
-                    e.addr = new_addr;
-                }
+            if let Some(e) = endpoints_of(s, i).and_then(|eps| eps.first_mut()) {
+                e.addr = new_addr;
             }
         })?);
         // The last endpoint of another Service goes: 10 endpoints become 9.
@@ -373,12 +373,8 @@ fn incremental_changes(state: ClusterState, runs: usize) -> Result<Incremental, 
             &mut p,
             &synthetic::service_key(k),
             &|s: &mut ClusterState| {
-                if let Some(slice) = s
-                    .slices
-                    .get_mut(&synthetic::service_key(k))
-                    .and_then(|m| m.values_mut().next())
-                {
-                    slice.endpoints.pop();
+                if let Some(eps) = endpoints_of(s, k) {
+                    eps.pop();
                 }
             },
         )?);
