@@ -18,8 +18,7 @@ command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 command -v ipvsadm >/dev/null || missing+=(ipvsadm)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v python3 >/dev/null || missing+=(python3)
-# The real control plane (integration/k8s/cluster.sh): Debian's etcd, and openssl for its keys.
-command -v etcd >/dev/null || missing+=(etcd-server)
+# The real control plane's keys (integration/k8s/cluster.sh).
 command -v openssl >/dev/null || missing+=(openssl)
 command -v curl >/dev/null || missing+=(curl)
 # The fuzz targets (integration/fuzz): libfuzzer-sys compiles libFuzzer's C++.

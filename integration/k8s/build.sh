@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Kubernetes' components from their Go modules, for tests and benchmarks
-# against the real ones: the control plane, kube-proxy, kubectl, and the kubelet
-# and kubeadm of the kind node image (integration/kind/node-image.sh):
+# against the real ones: the control plane and the etcd kubeadm runs with it,
+# kube-proxy, kubectl, and the kubelet and kubeadm of the kind node image
+# (integration/kind/node-image.sh):
 #
 #   integration/k8s/build.sh            # prints the directory of the binaries
 #
@@ -19,6 +20,11 @@ set -euo pipefail
 version=${K8S_VERSION:-1.36.3}
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version-static
 components=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet kubeadm)
+# What kubeadm v1.36.3 deploys (cmd/kubeadm/app/constants). Debian's etcd,
+# 3.4.23, is older than the 3.4.31 and 3.5.13 whose watch progress the API
+# server trusts: with it, consistent lists are read from etcd, not served from
+# the API server's cache, which is not what a cluster of today does.
+etcd_version=3.6.8
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
 # Two runs at once (two checkouts, a test and a bench) build one after the other:
@@ -27,7 +33,7 @@ mkdir -p "$cache"
 exec {lock}>"$cache/.lock"
 flock "$lock"
 missing=()
-for c in "${components[@]}"; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
+for c in "${components[@]}" etcd; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
 if ((${#missing[@]} == 0)); then
   echo "$cache/bin"
   exit 0
@@ -48,7 +54,18 @@ kube_mod=$(go mod download -json "k8s.io/kubernetes@v$version" | python3 -c 'imp
   echo
   grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0\s*$' "$kube_mod" | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
 } >go.mod
+if [ ! -x "$cache/bin/etcd" ]; then
+  echo "k8s: building etcd $etcd_version" >&2
+  # In a module of its own, so that etcd's go.mod chooses its dependencies.
+  mkdir -p "$cache/etcd-module"
+  (
+    cd "$cache/etcd-module"
+    printf 'module kube-nft.test/etcd-build\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd_version" >go.mod
+    go build -trimpath -ldflags "-s -w" -o "$cache/bin/etcd" go.etcd.io/etcd/server/v3
+  )
+fi
 for c in "${missing[@]}"; do
+  [ "$c" != etcd ] || continue
   echo "k8s: building $c $version (the first build takes several minutes)" >&2
   # The version as upstream stamps it (hack/lib/version.sh), in both packages
   # that hold it: kubeadm compares its own with the cluster's.

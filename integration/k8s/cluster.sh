@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane in network namespaces: etcd (Debian's
-# etcd-server), and kube-apiserver and kube-controller-manager as build.sh builds
-# them. Nothing runs in the host's namespace and nothing is left behind.
+# A real Kubernetes control plane in network namespaces: etcd, kube-apiserver
+# and kube-controller-manager as build.sh builds them. Nothing runs in the host's namespace and nothing is left behind.
 #
 # KUBE_NFT_BIN names the kube-nft binary (default: target/debug/kube-nft).
 #
@@ -163,14 +162,13 @@ up() {
   local dir=$1
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd)
-  command -v etcd >/dev/null || { log "etcd is missing (Debian's etcd-server)"; exit 1; }
   local bin
   bin=$("$here/build.sh")
   : >"$dir/pids"
   keys "$dir"
   network
   local pki=$dir/pki
-  start "$dir" "$cp_ns" etcd etcd --data-dir "$dir/etcd" \
+  start "$dir" "$cp_ns" etcd "$bin/etcd" --data-dir "$dir/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380
   wait_for "etcd" 30 ns_exec "$cp_ns" curl -sf http://127.0.0.1:2379/health
@@ -186,7 +184,7 @@ CONTROL_PLANE_NETNS=$cp_ns
 FABRIC_NETNS=$fabric
 BIN=$bin
 EOF
-  log "up: etcd $(etcd --version | sed -n 's/^etcd Version: //p'), kube-apiserver $("$bin/kube-apiserver" --version | sed 's/^Kubernetes //'), kube-controller-manager $("$bin/kube-controller-manager" --version | sed 's/^Kubernetes //')"
+  log "up: etcd $("$bin/etcd" --version | sed -n 's/^etcd Version: //p'), kube-apiserver $("$bin/kube-apiserver" --version | sed 's/^Kubernetes //'), kube-controller-manager $("$bin/kube-controller-manager" --version | sed 's/^Kubernetes //')"
 }
 
 down() {

@@ -24,9 +24,9 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
 k8s_version=${K8S_VERSION:-1.36.3}
 kind_version=0.32.0
-# What kubeadm v1.36.3 asks for (cmd/kubeadm/app/constants: etcd, CoreDNS, pause);
+# What kubeadm v1.36.3 asks for (cmd/kubeadm/app/constants: CoreDNS, pause;
+# etcd is integration/k8s/build.sh's, the control plane's tests run it too);
 # kind's containerd config names pause 3.10 as its sandbox image: both tags.
-etcd_version=3.6.8
 coredns_version=1.14.2
 pause_version=3.10.2
 # What kind v0.32.0's base image ships (images/base/Dockerfile).
@@ -35,12 +35,6 @@ crictl_version=1.36.0
 cni_plugins_version=1.9.1
 
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
-# The key holds what the image is made of: this script, the versions, and
-# whether the machine lacks capabilities (containerd's config differs).
-restricted=$(lacks_capabilities && echo restrict_oom_score_adj || true)
-key=$(cat "$0" <(echo "$restricted $k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
-image=kube-nft.local/kind-node:v$k8s_version-$key
-saved=$cache/node-$key.tar
 log() { echo "kind node image: $*" >&2; }
 
 mkdir -p "$cache"
@@ -74,6 +68,16 @@ if [ "${1:-}" = --kind ]; then
   exit 0
 fi
 
+# Kubernetes' own and etcd: built as integration/k8s/build.sh builds the control plane.
+k8s_bin=$(bash "$repo/integration/k8s/build.sh")
+etcd_version=$("$k8s_bin/etcd" --version | sed -n 's/^etcd Version: //p')
+# The key holds what the image is made of: this script, the versions, and
+# whether the machine lacks capabilities (containerd's config differs).
+restricted=$(lacks_capabilities && echo restrict_oom_score_adj || true)
+key=$(cat "$0" <(echo "$restricted $k8s_version $kind_version $etcd_version $coredns_version $pause_version $containerd_version $crictl_version $cni_plugins_version") | sha256sum | cut -c1-12)
+image=kube-nft.local/kind-node:v$k8s_version-$key
+saved=$cache/node-$key.tar
+
 if docker image inspect "$image" >/dev/null 2>&1; then
   echo "$image"
   exit 0
@@ -95,10 +99,6 @@ if ((${#missing_tools[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap jq gcc libc6-dev >/dev/null
 fi
 
-# Kubernetes' own: built as integration/k8s/build.sh builds the control plane.
-k8s_bin=$(bash "$repo/integration/k8s/build.sh")
-
-[ -x "$bin/etcd" ] || { log "building etcd v$etcd_version"; go_build "$bin/etcd" go.etcd.io/etcd/server/v3 "$etcd_version" "" "" go.etcd.io/etcd/server/v3; }
 if [ ! -x "$bin/containerd" ]; then
   log "building containerd v$containerd_version"
   go_build "$bin/" github.com/containerd/containerd/v2 "$containerd_version" "no_aufs no_zfs no_btrfs no_devmapper" \
@@ -230,7 +230,7 @@ component_image() {
 component_image "registry.k8s.io/kube-apiserver:v$k8s_version" "$k8s_bin/kube-apiserver"
 component_image "registry.k8s.io/kube-controller-manager:v$k8s_version" "$k8s_bin/kube-controller-manager"
 component_image "registry.k8s.io/kube-scheduler:v$k8s_version" "$k8s_bin/kube-scheduler"
-component_image "registry.k8s.io/etcd:$etcd_version-0" "$bin/etcd"
+component_image "registry.k8s.io/etcd:$etcd_version-0" "$k8s_bin/etcd"
 mkdir -p "$images/coredns-root"
 cp "$bin/coredns" "$images/coredns-root/coredns"
 from_scratch "registry.k8s.io/coredns/coredns:v$coredns_version" "$images/coredns-root" -c 'ENTRYPOINT ["/coredns"]'

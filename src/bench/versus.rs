@@ -4,10 +4,10 @@
 //!
 //! Runs inside the node's network namespace (`integration/k8s/bench.sh` sets it
 //! up: a real control plane, the node joined to it, its Node registered). The
-//! cluster is N Services × 10 endpoints written through the API server: Services
-//! without selectors, and EndpointSlices as a controller would write them (the
-//! EndpointSlice controller would need 10 pods per Service, which this machine
-//! cannot hold at 10k). The last Service's one endpoint is a listener on the
+//! cluster is N Services × 10 endpoints written through the API server, 1,000
+//! to a namespace: Services without selectors, and EndpointSlices as a
+//! controller would write them (the EndpointSlice controller would need 10 pods
+//! per Service, which this machine cannot hold at 10k). The last Service's one endpoint is a listener on the
 //! node, so that traffic through its VIP proves the rules are in. With `--etcd`,
 //! the Services are written into etcd instead, with the IPAddress that reserves
 //! each ClusterIP (`etcd_load`: the API server's create path is quadratic in the
@@ -17,8 +17,9 @@
 //! - start → first traffic: the process starts, then new connections to the
 //!   probe VIP every 10 ms until one is answered;
 //! - endpoint removed → kernel, Service deleted → kernel: from just before the API
-//!   request to the first nf_tables transaction the kernel reports (all three
-//!   write through nf_tables: iptables here is iptables-nft);
+//!   request, sent over a live connection, to the first nf_tables transaction
+//!   after which the address is unreachable (all three write through nf_tables:
+//!   iptables here is iptables-nft);
 //! - restart → healthy: SIGTERM, a new process, then `/healthz` on :10256 polled
 //!   every 10 ms until it says 200;
 //! - peak RSS of the process (VmHWM), before its restarts.
@@ -43,7 +44,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const NAMESPACE: &str = "bench";
+/// Services per namespace. A real cluster's Services are spread over many,
+/// and kube-controller-manager's EndpointSlice mirroring lists a namespace's
+/// slices for each Service without a selector it syncs: 100k of them in one
+/// namespace kept a core of this 2-core machine busy for 20 minutes and more.
+const SERVICES_PER_NAMESPACE: usize = 1000;
 const ENDPOINTS: usize = 10;
 const PROBE_PORT: u16 = 8080;
 /// Endpoint changes and Service deletions are spaced by more than kube-proxy's
@@ -135,7 +140,6 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let client = runtime.block_on(client(&opts.kubeconfig))?;
-    runtime.block_on(create_namespace(&client))?;
     let listener = TcpListener::bind((opts.node_ip, PROBE_PORT))
         .map_err(|e| format!("the probe's listener on {}: {e}", opts.node_ip))?;
     std::thread::spawn(move || {
@@ -148,6 +152,7 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
     let mut all = Vec::new();
     for &size in &opts.sizes {
         let t = Instant::now();
+        runtime.block_on(create_namespaces(&client, made, size))?;
         // The probe is the last Service; an earlier size's becomes an ordinary one.
         if let Some(etcd) = &opts.etcd {
             store_services(&runtime, &client, etcd, made, size)?;
@@ -164,8 +169,7 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
             )
             .await?;
             if made > 0 && made < size {
-                let slices = Api::namespaced(client.clone(), NAMESPACE);
-                set_endpoints(&slices, made - 1, &addresses(made - 1, false, opts.node_ip)).await?;
+                set_endpoints(&client, made - 1, &addresses(made - 1, false, opts.node_ip)).await?;
             }
             Ok::<(), String>(())
         })?;
@@ -250,6 +254,10 @@ fn service_name(i: usize) -> String {
     format!("svc-{i:05}")
 }
 
+fn namespace(i: usize) -> String {
+    format!("bench-{:03}", i / SERVICES_PER_NAMESPACE)
+}
+
 /// Service `i`'s endpoints; the probe Service (the last) has one, on the node.
 fn addresses(i: usize, probe: bool, node_ip: Ipv4Addr) -> Vec<IpAddr> {
     if probe {
@@ -268,7 +276,7 @@ fn slice_json(i: usize, addrs: &[IpAddr]) -> Value {
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{service}-a"), "namespace": NAMESPACE,
+        "metadata": {"name": format!("{service}-a"), "namespace": namespace(i),
             "labels": {"kubernetes.io/service-name": service,
                 "endpointslice.kubernetes.io/managed-by": "bench.kube-nft.io"}},
         "addressType": "IPv4",
@@ -280,7 +288,7 @@ fn slice_json(i: usize, addrs: &[IpAddr]) -> Value {
 fn service_json(i: usize) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": service_name(i), "namespace": NAMESPACE},
+        "metadata": {"name": service_name(i), "namespace": namespace(i)},
         "spec": {"clusterIP": vip(i).to_string(),
             "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": PROBE_PORT}]},
     })
@@ -314,11 +322,11 @@ fn stored_service(i: usize, uid: u32, created: &str) -> [(String, Vec<u8>); 2] {
             "labels": {"ipaddress.kubernetes.io/ip-family": "IPv4",
                 "ipaddress.kubernetes.io/managed-by": "ipallocator.k8s.io"}},
         "spec": {"parentRef": {"group": "", "resource": "services",
-            "namespace": NAMESPACE, "name": name}},
+            "namespace": namespace(i), "name": name}},
     });
     [
         (
-            format!("/registry/services/specs/{NAMESPACE}/{name}"),
+            format!("/registry/services/specs/{}/{name}", namespace(i)),
             svc.to_string().into_bytes(),
         ),
         (
@@ -357,14 +365,11 @@ fn store_services(
     let last_ip = vip(to - 1).to_string();
     runtime.block_on(served(Api::<IPAddress>::all(client.clone()), &last_ip))?;
     etcd_load::put_all(etcd, services)?;
-    let stored = etcd_load::count(etcd, &format!("/registry/services/specs/{NAMESPACE}/"))?;
+    let stored = etcd_load::count(etcd, "/registry/services/specs/bench-")?;
     if stored < to as u64 {
         return Err(format!("etcd holds {stored} Services of {to}"));
     }
-    runtime.block_on(served(
-        Api::<Service>::namespaced(client.clone(), NAMESPACE),
-        &service_name(to - 1),
-    ))
+    runtime.block_on(served(service_api(client, to - 1), &service_name(to - 1)))
 }
 
 /// Waits until the API server serves the object `name` (its reads come from
@@ -386,11 +391,16 @@ where
     }
 }
 
-async fn create_namespace(client: &Client) -> Result<(), String> {
+/// The namespaces of Services `from..to`.
+async fn create_namespaces(client: &Client, from: usize, to: usize) -> Result<(), String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))
-        .map_err(|e| e.to_string())?;
-    exists_ok(namespaces.create(&PostParams::default(), &ns).await)
+    for n in from / SERVICES_PER_NAMESPACE..to.div_ceil(SERVICES_PER_NAMESPACE) {
+        let name = namespace(n * SERVICES_PER_NAMESPACE);
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))
+            .map_err(|e| e.to_string())?;
+        exists_ok(namespaces.create(&PostParams::default(), &ns).await)?;
+    }
+    Ok(())
 }
 
 /// Creates Services `from..to` (unless they exist already, written into etcd)
@@ -403,22 +413,25 @@ async fn populate(
     node_ip: Ipv4Addr,
     services_exist: bool,
 ) -> Result<(), String> {
-    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
     stream::iter(from..to)
-        .map(|i| {
-            let (services, slices) = (services.clone(), slices.clone());
-            async move {
-                if !services_exist {
-                    let svc: Service =
-                        serde_json::from_value(service_json(i)).map_err(|e| e.to_string())?;
-                    exists_ok(services.create(&PostParams::default(), &svc).await)?;
-                }
-                let addrs = addresses(i, Some(i) == probe, node_ip);
-                let slice: EndpointSlice =
-                    serde_json::from_value(slice_json(i, &addrs)).map_err(|e| e.to_string())?;
-                exists_ok(slices.create(&PostParams::default(), &slice).await)
+        .map(|i| async move {
+            if !services_exist {
+                let svc: Service =
+                    serde_json::from_value(service_json(i)).map_err(|e| e.to_string())?;
+                exists_ok(
+                    service_api(client, i)
+                        .create(&PostParams::default(), &svc)
+                        .await,
+                )?;
             }
+            let addrs = addresses(i, Some(i) == probe, node_ip);
+            let slice: EndpointSlice =
+                serde_json::from_value(slice_json(i, &addrs)).map_err(|e| e.to_string())?;
+            exists_ok(
+                slice_api(client, i)
+                    .create(&PostParams::default(), &slice)
+                    .await,
+            )
         })
         .buffer_unordered(32)
         .try_collect::<Vec<()>>()
@@ -434,14 +447,20 @@ fn exists_ok<T>(r: Result<T, kube::Error>) -> Result<(), String> {
     }
 }
 
-async fn set_endpoints(
-    slices: &Api<EndpointSlice>,
-    i: usize,
-    addrs: &[IpAddr],
-) -> Result<(), String> {
+/// Service `i`'s namespace, for Services.
+fn service_api(client: &Client, i: usize) -> Api<Service> {
+    Api::namespaced(client.clone(), &namespace(i))
+}
+
+/// Service `i`'s namespace, for EndpointSlices.
+fn slice_api(client: &Client, i: usize) -> Api<EndpointSlice> {
+    Api::namespaced(client.clone(), &namespace(i))
+}
+
+async fn set_endpoints(client: &Client, i: usize, addrs: &[IpAddr]) -> Result<(), String> {
     let name = format!("{}-a", service_name(i));
     let patch = json!({"endpoints": slice_json(i, addrs)["endpoints"]});
-    slices
+    slice_api(client, i)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
@@ -548,8 +567,6 @@ fn measure(
         )?),
     };
 
-    let services: Api<Service> = Api::namespaced(client.clone(), NAMESPACE);
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
     let mut endpoint = Vec::new();
     let mut delete = Vec::new();
     let mut notes = Vec::new();
@@ -559,17 +576,26 @@ fn measure(
         // cluster CIDR's network address, which never leaves the ruleset.
         let all = addresses(i, false, opts.node_ip);
         let (kept, gone) = all.split_at(all.len() - 1);
-        let removed = to_kernel(gone[0], || {
-            runtime.block_on(set_endpoints(&slices, i, kept))
-        });
+        let slice = format!("{}-a", service_name(i));
+        let removed = to_kernel(
+            gone[0],
+            || read(runtime, slice_api(client, i), &slice),
+            || runtime.block_on(set_endpoints(client, i, kept)),
+        );
         std::thread::sleep(SPACING);
         let j = first + opts.runs + r;
-        let deleted = to_kernel(vip(j), || {
-            runtime
-                .block_on(services.delete(&service_name(j), &DeleteParams::default()))
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        });
+        let deleted = to_kernel(
+            vip(j),
+            || read(runtime, service_api(client, j), &service_name(j)),
+            || {
+                runtime
+                    .block_on(
+                        service_api(client, j).delete(&service_name(j), &DeleteParams::default()),
+                    )
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            },
+        );
         std::thread::sleep(SPACING);
         // A contender too slow to program a change in time (kube-proxy at 100k)
         // keeps the figures it has; the next runs would only wait as long.
@@ -610,7 +636,7 @@ fn measure(
     runtime.block_on(async {
         for r in 0..opts.runs {
             let i = first + r;
-            set_endpoints(&slices, i, &addresses(i, false, opts.node_ip)).await?;
+            set_endpoints(client, i, &addresses(i, false, opts.node_ip)).await?;
         }
         Ok::<(), String>(())
     })?;
@@ -691,12 +717,25 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
 /// endpoint's or the ClusterIP's address): after each commit of any process the
 /// ruleset is listed and read (`reach::reaches`), the same way for both proxies.
 /// A transaction that the proxy commits for another reason does not stop the clock.
-fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Result<f64, String> {
+///
+/// `warm` goes first, off the clock: a read that leaves the bench's client a
+/// live connection. At 100k the listings around each change take minutes, and
+/// the first request after such a pause took 43 to 63 ms (the next, 5 to 9 ms):
+/// the bench's own reconnection, which a controller's open connection does not
+/// pay and which no proxy could shorten.
+fn to_kernel(
+    removed: IpAddr,
+    warm: impl FnOnce() -> Result<(), String>,
+    change: impl FnOnce() -> Result<(), String>,
+) -> Result<f64, String> {
     if !reaches(&listing()?, removed) {
         return Err(format!(
             "{removed} is not in the ruleset before its removal"
         ));
     }
+    let t = Instant::now();
+    warm()?;
+    tracing::debug!(ms = t.elapsed().as_secs_f64() * 1e3, "connection warmed");
     let mut monitor = Monitor::open().map_err(|e| format!("nf_tables monitor: {e}"))?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -708,6 +747,7 @@ fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Re
     tracing::debug!(%removed, "change sent");
     let t0 = Instant::now();
     change()?;
+    tracing::debug!(ms = t0.elapsed().as_secs_f64() * 1e3, "change answered");
     let gone = rx
         .recv_timeout(CHANGE_LIMIT)
         .map_err(|_| format!("{removed} was still reachable {CHANGE_LIMIT:?} after its removal"))?;
@@ -716,6 +756,17 @@ fn to_kernel(removed: IpAddr, change: impl FnOnce() -> Result<(), String>) -> Re
         Ok(None) => Err("the nf_tables monitor lost notifications".into()),
         Err(e) => Err(format!("the nf_tables monitor failed: {e}")),
     }
+}
+
+/// Reads one object, to no end but the connection it leaves open.
+fn read<K>(runtime: &tokio::runtime::Runtime, api: Api<K>, name: &str) -> Result<(), String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    runtime
+        .block_on(api.get(name))
+        .map(|_| ())
+        .map_err(|e| format!("reading {name}: {e}"))
 }
 
 /// `nft list ruleset` of this network namespace.
