@@ -7,8 +7,9 @@
 //! cluster is N Services × 10 endpoints written through the API server, 1,000
 //! to a namespace: Services without selectors, and EndpointSlices as a
 //! controller would write them (the EndpointSlice controller would need 10 pods
-//! per Service, which this machine cannot hold at 10k). The last Service's one endpoint is a listener on the
-//! node, so that traffic through its VIP proves the rules are in. With `--etcd`,
+//! per Service, which this machine cannot hold at 10k). The last Service's one
+//! endpoint is a listener on the node, so that traffic through its VIP proves
+//! the rules are in. With `--etcd`,
 //! the Services are written into etcd instead, with the IPAddress that reserves
 //! each ClusterIP (`etcd_load`: the API server's create path is quadratic in the
 //! Services; the slices still go through it).
@@ -47,8 +48,11 @@ use std::time::{Duration, Instant};
 /// Services per namespace. A real cluster's Services are spread over many,
 /// and kube-controller-manager's EndpointSlice mirroring lists a namespace's
 /// slices for each Service without a selector it syncs: 100k of them in one
-/// namespace kept a core of this 2-core machine busy for 20 minutes and more.
+/// namespace kept most of a core of this 2-core machine busy through the whole
+/// run (docs/BENCHMARKS.md).
 const SERVICES_PER_NAMESPACE: usize = 1000;
+/// The namespaces' names: this, then their number.
+const NAMESPACE_PREFIX: &str = "bench-";
 const ENDPOINTS: usize = 10;
 const PROBE_PORT: u16 = 8080;
 /// Endpoint changes and Service deletions are spaced by more than kube-proxy's
@@ -254,8 +258,9 @@ fn service_name(i: usize) -> String {
     format!("svc-{i:05}")
 }
 
+/// Service `i`'s namespace.
 fn namespace(i: usize) -> String {
-    format!("bench-{:03}", i / SERVICES_PER_NAMESPACE)
+    format!("{NAMESPACE_PREFIX}{:03}", i / SERVICES_PER_NAMESPACE)
 }
 
 /// Service `i`'s endpoints; the probe Service (the last) has one, on the node.
@@ -365,7 +370,10 @@ fn store_services(
     let last_ip = vip(to - 1).to_string();
     runtime.block_on(served(Api::<IPAddress>::all(client.clone()), &last_ip))?;
     etcd_load::put_all(etcd, services)?;
-    let stored = etcd_load::count(etcd, "/registry/services/specs/bench-")?;
+    let stored = etcd_load::count(
+        etcd,
+        &format!("/registry/services/specs/{NAMESPACE_PREFIX}"),
+    )?;
     if stored < to as u64 {
         return Err(format!("etcd holds {stored} Services of {to}"));
     }
