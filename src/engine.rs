@@ -165,9 +165,10 @@ impl Engine {
     }
 }
 
-/// This thread's time on a CPU, and its time runnable but waiting for one
-/// (the scheduler's `/proc/thread-self/schedstat`; zero where it is absent): a
-/// sync that is slow on a busy node shows whether it worked or queued.
+/// This thread's time on a CPU (its CPU clock), and its time runnable but
+/// waiting for one (the scheduler's `/proc/thread-self/schedstat`; zero where
+/// it is absent): a sync that is slow on a busy node shows whether it worked
+/// or queued.
 #[derive(Clone, Copy)]
 struct ThreadTime {
     on_cpu_ns: u64,

@@ -33,15 +33,31 @@ mkdir -p "$cache"
 exec {lock}>"$cache/.lock"
 flock "$lock"
 missing=()
-for c in "${components[@]}" etcd; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
-if ((${#missing[@]} == 0)); then
+for c in "${components[@]}"; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
+if ((${#missing[@]} == 0)) && [ -x "$cache/bin/etcd" ]; then
   echo "$cache/bin"
   exit 0
 fi
 
 command -v go >/dev/null || { echo "k8s: building Kubernetes needs Go (1.26)" >&2; exit 1; }
+mkdir -p "$cache/bin"
+if [ ! -x "$cache/bin/etcd" ]; then
+  echo "k8s: building etcd $etcd_version" >&2
+  # In a module of its own, so that etcd's go.mod chooses its dependencies.
+  mkdir -p "$cache/etcd-module"
+  (
+    cd "$cache/etcd-module"
+    printf 'module kube-nft.test/etcd-build\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd_version" >go.mod
+    go build -trimpath -ldflags "-s -w" -o "$cache/bin/etcd" go.etcd.io/etcd/server/v3
+  )
+fi
+if ((${#missing[@]} == 0)); then
+  echo "$cache/bin"
+  exit 0
+fi
+
 module=$cache/module
-mkdir -p "$module" "$cache/bin"
+mkdir -p "$module"
 cd "$module"
 staging_version="v0.${version#1.}"
 kube_mod=$(go mod download -json "k8s.io/kubernetes@v$version" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
@@ -54,18 +70,7 @@ kube_mod=$(go mod download -json "k8s.io/kubernetes@v$version" | python3 -c 'imp
   echo
   grep -E '^\s+k8s\.io/[a-z0-9-]+ v0\.0\.0\s*$' "$kube_mod" | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
 } >go.mod
-if [ ! -x "$cache/bin/etcd" ]; then
-  echo "k8s: building etcd $etcd_version" >&2
-  # In a module of its own, so that etcd's go.mod chooses its dependencies.
-  mkdir -p "$cache/etcd-module"
-  (
-    cd "$cache/etcd-module"
-    printf 'module kube-nft.test/etcd-build\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 v%s\n' "$etcd_version" >go.mod
-    go build -trimpath -ldflags "-s -w" -o "$cache/bin/etcd" go.etcd.io/etcd/server/v3
-  )
-fi
 for c in "${missing[@]}"; do
-  [ "$c" != etcd ] || continue
   echo "k8s: building $c $version (the first build takes several minutes)" >&2
   # The version as upstream stamps it (hack/lib/version.sh), in both packages
   # that hold it: kubeadm compares its own with the cluster's.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane in network namespaces: etcd, kube-apiserver
-# and kube-controller-manager as build.sh builds them. Nothing runs in the host's namespace and nothing is left behind.
+# and kube-controller-manager as build.sh builds them. Nothing runs in the
+# host's namespace and nothing is left behind.
 #
 # KUBE_NFT_BIN names the kube-nft binary (default: target/debug/kube-nft).
 #

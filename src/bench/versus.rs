@@ -9,10 +9,10 @@
 //! controller would write them (the EndpointSlice controller would need 10 pods
 //! per Service, which this machine cannot hold at 10k). The last Service's one
 //! endpoint is a listener on the node, so that traffic through its VIP proves
-//! the rules are in. With `--etcd`,
-//! the Services are written into etcd instead, with the IPAddress that reserves
-//! each ClusterIP (`etcd_load`: the API server's create path is quadratic in the
-//! Services; the slices still go through it).
+//! the rules are in. With `--etcd`, the Services are written into etcd instead,
+//! with the IPAddress that reserves each ClusterIP (`etcd_load`: the API
+//! server's create path is quadratic in the Services; the slices still go
+//! through it).
 //!
 //! Per proxy and size:
 //! - start → first traffic: the process starts, then new connections to the
@@ -258,6 +258,11 @@ fn service_name(i: usize) -> String {
     format!("svc-{i:05}")
 }
 
+/// The name of Service `i`'s one EndpointSlice.
+fn slice_name(i: usize) -> String {
+    format!("{}-a", service_name(i))
+}
+
 /// Service `i`'s namespace.
 fn namespace(i: usize) -> String {
     format!("{NAMESPACE_PREFIX}{:03}", i / SERVICES_PER_NAMESPACE)
@@ -274,15 +279,14 @@ fn addresses(i: usize, probe: bool, node_ip: Ipv4Addr) -> Vec<IpAddr> {
 }
 
 fn slice_json(i: usize, addrs: &[IpAddr]) -> Value {
-    let service = service_name(i);
     let endpoints: Vec<Value> = addrs
         .iter()
         .map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true, "serving": true, "terminating": false}}))
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{service}-a"), "namespace": namespace(i),
-            "labels": {"kubernetes.io/service-name": service,
+        "metadata": {"name": slice_name(i), "namespace": namespace(i),
+            "labels": {"kubernetes.io/service-name": service_name(i),
                 "endpointslice.kubernetes.io/managed-by": "bench.kube-nft.io"}},
         "addressType": "IPv4",
         "ports": [{"name": "http", "protocol": "TCP", "port": PROBE_PORT}],
@@ -466,7 +470,7 @@ fn slice_api(client: &Client, i: usize) -> Api<EndpointSlice> {
 }
 
 async fn set_endpoints(client: &Client, i: usize, addrs: &[IpAddr]) -> Result<(), String> {
-    let name = format!("{}-a", service_name(i));
+    let name = slice_name(i);
     let patch = json!({"endpoints": slice_json(i, addrs)["endpoints"]});
     slice_api(client, i)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -584,10 +588,9 @@ fn measure(
         // cluster CIDR's network address, which never leaves the ruleset.
         let all = addresses(i, false, opts.node_ip);
         let (kept, gone) = all.split_at(all.len() - 1);
-        let slice = format!("{}-a", service_name(i));
         let removed = to_kernel(
             gone[0],
-            || read(runtime, slice_api(client, i), &slice),
+            || read(runtime, slice_api(client, i), &slice_name(i)),
             || runtime.block_on(set_endpoints(client, i, kept)),
         );
         std::thread::sleep(SPACING);
