@@ -6,7 +6,7 @@
 use crate::core::model::PortEndpoint;
 use crate::nft::pick::EntryKind;
 use crate::ruleset::{KeyValue, TableId};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 /// An endpoint's identity in a slot.
@@ -62,9 +62,12 @@ pub fn assign_slots<'a>(
 ) -> Vec<&'a PortEndpoint> {
     let by_key: BTreeMap<SlotKey, &PortEndpoint> =
         usable.iter().map(|e| ((e.addr, e.port), *e)).collect();
-    let mut slots: Vec<SlotKey> = Vec::new();
+    // A set beside the slots, not a search of them: a Service port has up to
+    // tens of thousands of endpoints, and one change must not cost their square.
+    let mut placed: HashSet<SlotKey> = HashSet::with_capacity(by_key.len());
+    let mut slots: Vec<SlotKey> = Vec::with_capacity(by_key.len());
     for k in previous.unwrap_or_default() {
-        if !slots.contains(&k) {
+        if placed.insert(k) {
             slots.push(k);
         }
     }
@@ -73,9 +76,10 @@ pub fn assign_slots<'a>(
             slots.swap_remove(i);
         }
     }
+    // A key that left is in `placed` still, but not among `by_key`'s.
     let mut newcomers: Vec<SlotKey> = by_key
         .keys()
-        .filter(|k| !slots.contains(k))
+        .filter(|k| !placed.contains(k))
         .copied()
         .collect();
     if fill == Fill::Cascade {
