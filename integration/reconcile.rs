@@ -13,6 +13,8 @@ mod common;
 use common::*;
 use kube_nft::synthetic::{add_service, endpoint, endpoint_addr, service_key, set_endpoints};
 
+use kube_nft::core::endpoint_key::key_operations;
+use kube_nft::core::model::ClusterState;
 use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::dataplane::SyncKind;
@@ -163,6 +165,7 @@ cases!(
     a_single_table_ruleset_of_an_earlier_version_is_adopted_in_one_sync,
     a_chain_an_element_points_to_cannot_be_deleted,
     a_new_count_makes_a_chain_only_above_16_endpoints,
+    a_change_in_a_large_service_costs_what_it_changes,
 );
 
 fn config() -> NodeConfig {
@@ -515,5 +518,64 @@ fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
         with_n.push(format!("pick-{n}"));
         with_n.sort();
         assert_eq!(chains(), with_n, "{n} endpoints");
+    }
+}
+
+/// One endpoint changed in a Service of 10,000 endpoints does the work of one
+/// in a Service of 1,000 (issue #44: it did a hundred times as much). The
+/// work is counted, not timed: endpoint keys compared or hashed on this
+/// thread (`core::endpoint_key`), which a search, sort or map over the whole
+/// Service would multiply. Each change comes as the API server sends it, one
+/// EndpointSlice of 100 endpoints.
+fn a_change_in_a_large_service_costs_what_it_changes(h: &Harness<impl Kernel>) {
+    let work = |n: usize| -> Vec<(&'static str, u64)> {
+        let p = &mut h.proxy(config());
+        for i in 1..20 {
+            add_service(p, i, 3);
+        }
+        p.update(&service_key(0), |s| {
+            s.services
+                .insert(service_key(0), kube_nft::synthetic::service(0));
+            let addrs: Vec<_> = (0..n).map(|j| endpoint_addr(10_000 + j)).collect();
+            set_endpoints(s, 0, &addrs)
+        });
+        assert_eq!(p.sync().unwrap().kind, SyncKind::Full);
+        type Change = Box<dyn Fn(&mut ClusterState)>;
+        let in_first_slice = |f: fn(&mut Vec<kube_nft::core::model::Endpoint>)| -> Change {
+            Box::new(move |s: &mut ClusterState| {
+                let slices = s.slices.get_mut(&service_key(0)).unwrap();
+                f(&mut slices.values_mut().next().unwrap().endpoints)
+            })
+        };
+        let changes: Vec<(&'static str, Change)> = vec![
+            (
+                "an endpoint replaced",
+                in_first_slice(|eps| eps[0].addr = endpoint_addr(900_000)),
+            ),
+            ("an endpoint removed", in_first_slice(|eps| drop(eps.pop()))),
+            (
+                "an endpoint added",
+                in_first_slice(|eps| eps.push(kube_nft::synthetic::ready(endpoint_addr(900_001)))),
+            ),
+        ];
+        changes
+            .into_iter()
+            .map(|(what, change)| {
+                let before = key_operations();
+                p.update(&service_key(0), |s| change(s));
+                let r = p.sync().unwrap();
+                let spent = key_operations() - before;
+                assert_eq!(r.kind, SyncKind::Partial, "{what}");
+                assert!(p.verify().unwrap(), "{n} endpoints, {what}");
+                (what, spent)
+            })
+            .collect()
+    };
+    let (small, large) = (work(1_000), work(10_000));
+    for ((what, small), (_, large)) in small.into_iter().zip(large) {
+        assert!(
+            large <= 2 * small.max(1),
+            "{what}: {large} key operations in a Service of 10,000 endpoints, {small} in one of 1,000"
+        );
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::core::model::{
     ClusterState, Conditions, Endpoint, EndpointPort, EndpointSlice, NodeInfo, Service, ServiceKey,
-    ServicePort, TargetPort,
+    ServicePort, Slices, TargetPort,
 };
 use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
@@ -43,13 +43,38 @@ pub fn endpoint(i: usize, j: usize) -> IpAddr {
     endpoint_addr(i * 16 + j)
 }
 
-/// Sets Service `i`'s one EndpointSlice to ready endpoints at `addrs`.
+/// Sets Service `i`'s EndpointSlices to ready endpoints at `addrs`, as many
+/// slices as the EndpointSlice controller would write for them.
 pub fn set_endpoints(state: &mut ClusterState, i: usize, addrs: &[IpAddr]) {
-    state
-        .slices
-        .entry(service_key(i))
-        .or_default()
-        .insert(slice(i, addrs));
+    state.slices.insert(service_key(i), slices(i, addrs));
+}
+
+/// The EndpointSlice controller's default `--max-endpoints-per-slice`.
+pub const ENDPOINTS_PER_SLICE: usize = 100;
+
+/// Service `i`'s ready endpoints at `addrs`, `ENDPOINTS_PER_SLICE` to a slice
+/// (at least one slice, `slice`'s, even when empty).
+pub fn slices(i: usize, addrs: &[IpAddr]) -> Slices {
+    let mut slices: Slices = addrs
+        .chunks(ENDPOINTS_PER_SLICE)
+        .enumerate()
+        .map(|(k, chunk)| EndpointSlice {
+            name: slice_name(i, k),
+            ..slice(i, chunk)
+        })
+        .collect();
+    if slices.is_empty() {
+        slices.insert(slice(i, addrs));
+    }
+    slices
+}
+
+/// `svc-00007-a` for the first slice of Service 7, `svc-00007-a1` … after it.
+fn slice_name(i: usize, k: usize) -> String {
+    match k {
+        0 => format!("svc-{i:05}-a"),
+        k => format!("svc-{i:05}-a{k}"),
+    }
 }
 
 /// Adds Service `i` (TCP 80 → 8080) with `n` ready endpoints (`endpoint`)
@@ -106,7 +131,7 @@ pub fn service(i: usize) -> Service {
 
 pub fn slice(i: usize, addrs: &[IpAddr]) -> EndpointSlice {
     EndpointSlice {
-        name: format!("svc-{i:05}-a"),
+        name: slice_name(i, 0),
         service: service_key(i),
         family: Family::Ip,
         ports: vec![EndpointPort {
@@ -119,7 +144,7 @@ pub fn slice(i: usize, addrs: &[IpAddr]) -> EndpointSlice {
 }
 
 /// `services` Services (TCP 80 → 8080) sharing `endpoints` endpoints as evenly as
-/// possible, every endpoint address distinct.
+/// possible, every endpoint address distinct, in slices of 100.
 pub fn state(services: usize, endpoints: usize) -> ClusterState {
     let mut state = ClusterState {
         node: Some(NodeInfo {
@@ -134,11 +159,7 @@ pub fn state(services: usize, endpoints: usize) -> ClusterState {
         let addrs: Vec<IpAddr> = (next..next + n).map(endpoint_addr).collect();
         next += n;
         state.services.insert(service_key(i), service(i));
-        state
-            .slices
-            .entry(service_key(i))
-            .or_default()
-            .insert(slice(i, &addrs));
+        set_endpoints(&mut state, i, &addrs);
     }
     state
 }

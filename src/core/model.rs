@@ -2,6 +2,7 @@
 //! endpoints merged from every EndpointSlice. Plain data, the same for every
 //! dataplane; `convert` is the only way in from the Kubernetes API types.
 
+use crate::core::endpoint_key::EndpointKey;
 use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -244,6 +245,10 @@ pub struct PortEndpoint {
 }
 
 impl PortEndpoint {
+    pub fn key(&self) -> EndpointKey {
+        EndpointKey::new(self.addr, self.port)
+    }
+
     /// Whether the endpoint runs on this node (never, when the node is unknown).
     pub fn is_on(&self, node: Option<&NodeInfo>) -> bool {
         node.is_some_and(|n| self.node_name.as_deref() == Some(n.name.as_str()))
@@ -271,16 +276,20 @@ pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 /// The EndpointSlices of one Service, by name. Most Services have one or two,
 /// so a sorted vector: a map would allocate a whole tree node per Service.
+/// Each slice is shared (`Arc`), so that what synced a slice last can tell it
+/// from its successor by address alone (`shared`): a change to a Service of
+/// many slices is then found in the slices that changed, not in all of them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Slices(Vec<EndpointSlice>);
+pub struct Slices(Vec<Arc<EndpointSlice>>);
 
 impl Slices {
     pub fn get(&self, name: &str) -> Option<&EndpointSlice> {
-        self.find(name).ok().map(|i| &self.0[i])
+        self.find(name).ok().map(|i| &*self.0[i])
     }
 
     /// Adds the slice, or replaces the one of the same name (returned).
-    pub fn insert(&mut self, slice: EndpointSlice) -> Option<EndpointSlice> {
+    pub fn insert(&mut self, slice: EndpointSlice) -> Option<Arc<EndpointSlice>> {
+        let slice = Arc::new(slice);
         match self.find(&slice.name) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i], slice)),
             Err(i) => {
@@ -293,16 +302,23 @@ impl Slices {
         }
     }
 
-    pub fn remove(&mut self, name: &str) -> Option<EndpointSlice> {
+    pub fn remove(&mut self, name: &str) -> Option<Arc<EndpointSlice>> {
         self.find(name).ok().map(|i| self.0.remove(i))
     }
 
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
-        self.0.iter()
+        self.0.iter().map(|s| &**s)
     }
 
+    /// The slices, each as shared: a slice edited here is copied first if
+    /// anything else holds it, so it is a new slice to them.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut EndpointSlice> {
-        self.0.iter_mut()
+        self.0.iter_mut().map(Arc::make_mut)
+    }
+
+    /// The slices as shared, in name order.
+    pub fn shared(&self) -> &[Arc<EndpointSlice>] {
+        &self.0
     }
 
     pub fn is_empty(&self) -> bool {
@@ -354,41 +370,55 @@ impl ClusterState {
 
     /// The endpoints of one Service port, merged over all its slices: matched by
     /// port name and protocol, de-duplicated by address and port. When two slices
-    /// disagree about an endpoint, the one that is more ready wins.
+    /// disagree about an endpoint, the one that is more ready wins (`prefer`).
     pub fn endpoints_for(&self, svc: &Service, port: &ServicePort) -> Vec<PortEndpoint> {
-        let mut merged: BTreeMap<(IpAddr, u16), PortEndpoint> = BTreeMap::new();
+        let mut merged: BTreeMap<EndpointKey, PortEndpoint> = BTreeMap::new();
         let Some(slices) = self.slices.get(&svc.key) else {
             return Vec::new();
         };
-        for slice in slices.values() {
-            let Some(sp) = slice
-                .ports
-                .iter()
-                .find(|p| p.name == port.name && p.protocol == port.protocol)
-            else {
-                continue;
-            };
-            for ep in &slice.endpoints {
-                let candidate = PortEndpoint {
-                    addr: ep.addr,
-                    port: sp.port,
-                    conditions: ep.conditions,
-                    node_name: ep.node_name.clone(),
-                    zone: ep.zone.clone(),
-                    hints: ep.hints.clone(),
-                };
-                merged
-                    .entry((ep.addr, sp.port))
-                    .and_modify(|cur| {
-                        if rank(&candidate.conditions) > rank(&cur.conditions) {
-                            *cur = candidate.clone();
-                        }
-                    })
-                    .or_insert(candidate);
-            }
+        for candidate in slices.values().flat_map(|s| s.port_endpoints(port)) {
+            merged
+                .entry(candidate.key())
+                .and_modify(|cur| {
+                    if prefer(&candidate, cur) {
+                        *cur = candidate.clone();
+                    }
+                })
+                .or_insert(candidate);
         }
         merged.into_values().collect()
     }
+}
+
+impl EndpointSlice {
+    /// Its endpoints as endpoints of the Service port `port` (matched by name
+    /// and protocol), if it has that port.
+    pub fn port_endpoints<'a>(
+        &'a self,
+        port: &ServicePort,
+    ) -> impl Iterator<Item = PortEndpoint> + 'a {
+        let number = self
+            .ports
+            .iter()
+            .find(|p| p.name == port.name && p.protocol == port.protocol)
+            .map(|p| p.port);
+        number.into_iter().flat_map(move |number| {
+            self.endpoints.iter().map(move |ep| PortEndpoint {
+                addr: ep.addr,
+                port: number,
+                conditions: ep.conditions,
+                node_name: ep.node_name.clone(),
+                zone: ep.zone.clone(),
+                hints: ep.hints.clone(),
+            })
+        })
+    }
+}
+
+/// Of two slices' versions of one endpoint, whether `candidate` replaces
+/// `current`: only when it is more ready, so the first slice keeps a tie.
+pub fn prefer(candidate: &PortEndpoint, current: &PortEndpoint) -> bool {
+    rank(&candidate.conditions) > rank(&current.conditions)
 }
 
 fn rank(c: &Conditions) -> u8 {

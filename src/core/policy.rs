@@ -42,44 +42,172 @@ pub struct Categorized<'a> {
     pub has_any: bool,
 }
 
+/// The counts over a Service port's endpoints that decide what `categorize`
+/// chooses. They are kept endpoint by endpoint (`add`, `remove`), so that a
+/// change to a few endpoints of a large port is judged without visiting the
+/// others: if the `Choice` they give is the one before, every other endpoint
+/// keeps its place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    ready: u32,
+    serving_terminating: u32,
+    ready_without_node_hints: u32,
+    ready_without_zone_hints: u32,
+    ready_for_this_node: u32,
+    ready_for_this_zone: u32,
+    ready_here: u32,
+    serving_terminating_here: u32,
+}
+
+impl Tally {
+    pub fn of<'a>(
+        eps: impl IntoIterator<Item = &'a PortEndpoint>,
+        node: Option<&NodeInfo>,
+    ) -> Tally {
+        let mut t = Tally::default();
+        for e in eps {
+            t.add(e, node);
+        }
+        t
+    }
+
+    pub fn add(&mut self, e: &PortEndpoint, node: Option<&NodeInfo>) {
+        self.count(e, node, |n| *n += 1);
+    }
+
+    pub fn remove(&mut self, e: &PortEndpoint, node: Option<&NodeInfo>) {
+        self.count(e, node, |n| *n -= 1);
+    }
+
+    fn count(&mut self, e: &PortEndpoint, node: Option<&NodeInfo>, step: fn(&mut u32)) {
+        let here = e.is_on(node);
+        if e.conditions.serving_terminating() {
+            step(&mut self.serving_terminating);
+            if here {
+                step(&mut self.serving_terminating_here);
+            }
+        }
+        if !e.conditions.ready {
+            return;
+        }
+        step(&mut self.ready);
+        if here {
+            step(&mut self.ready_here);
+        }
+        if e.hints.for_nodes().is_empty() {
+            step(&mut self.ready_without_node_hints);
+        }
+        if e.hints.for_zones().is_empty() {
+            step(&mut self.ready_without_zone_hints);
+        }
+        if Hinted::SameNode.allows(e, node) {
+            step(&mut self.ready_for_this_node);
+        }
+        if Hinted::SameZone.allows(e, node) {
+            step(&mut self.ready_for_this_zone);
+        }
+    }
+
+    /// kube-proxy's rules, from the counts: topology hints count only when
+    /// every ready endpoint has them and one is for this node (or zone),
+    /// same-node before same-zone; with no ready endpoint allowed, those
+    /// serving while terminating.
+    pub fn choice(&self, svc: &Service, node: Option<&NodeInfo>) -> Choice {
+        let hinted = |without: u32, here: u32| self.ready > 0 && without == 0 && here > 0;
+        let hints = match node {
+            None => Hinted::Any,
+            Some(_) if hinted(self.ready_without_node_hints, self.ready_for_this_node) => {
+                Hinted::SameNode
+            }
+            Some(_) if hinted(self.ready_without_zone_hints, self.ready_for_this_zone) => {
+                Hinted::SameZone
+            }
+            Some(_) => Hinted::Any,
+        };
+        let cluster_fallback = hints == Hinted::Any && self.ready == 0;
+        let uses_cluster = svc.uses_cluster_endpoints();
+        let uses_local = svc.uses_local_endpoints();
+        let cluster_any = !cluster_fallback || self.serving_terminating > 0;
+        let any_usable = self.ready > 0 || self.serving_terminating > 0;
+        Choice {
+            uses_cluster,
+            uses_local,
+            hints,
+            cluster_fallback,
+            local_fallback: self.ready_here == 0,
+            has_any: (uses_cluster && cluster_any) || (uses_local && any_usable),
+        }
+    }
+}
+
 /// Which topology hints apply on this node.
-enum HintFilter<'a> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hinted {
     Any,
-    SameNode(&'a str),
-    SameZone(&'a str),
+    SameNode,
+    SameZone,
 }
 
-impl HintFilter<'_> {
-    fn allows(&self, e: &PortEndpoint) -> bool {
-        match self {
-            HintFilter::Any => true,
-            HintFilter::SameNode(n) => e.hints.for_nodes().iter().any(|h| h == n),
-            HintFilter::SameZone(z) => e.hints.for_zones().iter().any(|h| h == z),
+impl Hinted {
+    fn allows(self, e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
+        match (self, node) {
+            (Hinted::Any, _) => true,
+            (Hinted::SameNode, Some(n)) => e.hints.for_nodes().contains(&n.name),
+            (Hinted::SameZone, Some(NodeInfo { zone: Some(z), .. })) => {
+                e.hints.for_zones().iter().any(|h| h == z)
+            }
+            _ => false,
         }
     }
 }
 
-/// kube-proxy's rules: hints count only when every ready endpoint has them, and
-/// some endpoint is hinted for this node (or zone); same-node before same-zone.
-fn hint_filter<'a>(eps: &[PortEndpoint], node: Option<&'a NodeInfo>) -> HintFilter<'a> {
-    let Some(node) = node else {
-        return HintFilter::Any;
-    };
-    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.conditions.ready).collect();
-    let applies = |t: &HintFilter, hinted: fn(&PortEndpoint) -> bool| {
-        !ready.is_empty() && ready.iter().all(|e| hinted(e)) && ready.iter().any(|e| t.allows(e))
-    };
-    let same_node = HintFilter::SameNode(&node.name);
-    if applies(&same_node, |e| !e.hints.for_nodes().is_empty()) {
-        return same_node;
+/// What `categorize` decides once for a whole Service port; where each
+/// endpoint goes follows from it and from the endpoint alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    uses_cluster: bool,
+    uses_local: bool,
+    hints: Hinted,
+    /// No ready endpoint is allowed: the cluster's serving-terminating ones.
+    cluster_fallback: bool,
+    /// None of this node's is ready: its serving-terminating ones.
+    local_fallback: bool,
+    /// Whether the Service port has any usable endpoint anywhere.
+    pub has_any: bool,
+}
+
+impl Choice {
+    pub fn in_cluster(&self, e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
+        self.uses_cluster
+            && if self.cluster_fallback {
+                e.conditions.serving_terminating()
+            } else {
+                e.conditions.ready && self.hints.allows(e, node)
+            }
     }
-    if let Some(zone) = &node.zone {
-        let same_zone = HintFilter::SameZone(zone);
-        if applies(&same_zone, |e| !e.hints.for_zones().is_empty()) {
-            return same_zone;
+
+    pub fn in_local(&self, e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
+        self.uses_local
+            && e.is_on(node)
+            && if self.local_fallback {
+                e.conditions.serving_terminating()
+            } else {
+                e.conditions.ready
+            }
+    }
+
+    /// The endpoints in their places, in the order given.
+    pub fn categorize<'a>(
+        &self,
+        eps: impl Iterator<Item = &'a PortEndpoint> + Clone,
+        node: Option<&NodeInfo>,
+    ) -> Categorized<'a> {
+        Categorized {
+            cluster: eps.clone().filter(|e| self.in_cluster(e, node)).collect(),
+            local: eps.filter(|e| self.in_local(e, node)).collect(),
+            has_any: self.has_any,
         }
     }
-    HintFilter::Any
 }
 
 /// kube-proxy's endpoint categorisation: cluster endpoints (ready, topology
@@ -88,28 +216,11 @@ fn hint_filter<'a>(eps: &[PortEndpoint], node: Option<&'a NodeInfo>) -> HintFilt
 pub fn categorize<'a>(
     svc: &Service,
     eps: &'a [PortEndpoint],
-    node: Option<&'a NodeInfo>,
+    node: Option<&NodeInfo>,
 ) -> Categorized<'a> {
-    let mut out = Categorized::default();
-    if svc.uses_cluster_endpoints() {
-        let hints = hint_filter(eps, node);
-        out.cluster = eps
-            .iter()
-            .filter(|e| e.conditions.ready && hints.allows(e))
-            .collect();
-        if out.cluster.is_empty() {
-            out.cluster = eps
-                .iter()
-                .filter(|e| e.conditions.serving_terminating())
-                .collect();
-        }
-        out.has_any = !out.cluster.is_empty();
-    }
-    if svc.uses_local_endpoints() {
-        out.local = usable(eps.iter().filter(|e| e.is_on(node)));
-        out.has_any |= !usable_endpoints(eps).is_empty();
-    }
-    out
+    Tally::of(eps, node)
+        .choice(svc, node)
+        .categorize(eps.iter(), node)
 }
 
 /// kube-proxy's `CategorizeEndpoints` (pkg/proxy/topology.go), case by case.

@@ -6,7 +6,7 @@
 use crate::core::model::{ClusterState, Service};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
-use crate::core::policy::port_endpoints;
+use crate::core::policy::{categorize, port_endpoints};
 use crate::nft::build::{element, jump, nodeport_key, regular, set, DISPATCH_KEY};
 use crate::nft::names::*;
 use crate::nft::service::{PolicyChains, ServiceIn, ServiceRules};
@@ -79,9 +79,9 @@ pub(super) fn ipvs_rules(
     let Some(s) = ServiceIn::start(&mut out, state, svc, family) else {
         return out;
     };
-    for port in &svc.ports {
+    for (index, port) in svc.ports.iter().enumerate() {
         let endpoints = port_endpoints(state, svc, port, family);
-        let p = s.port(port, &endpoints);
+        let p = s.port(index, categorize(svc, &endpoints, s.node));
         // Only names: whether IPVS serves the port under each policy.
         let chains = PolicyChains {
             cluster: s.policy_chain_name(&mut out, "svc", &p, &p.eps.cluster),

@@ -8,6 +8,7 @@
 
 pub mod build;
 pub mod dataplane;
+pub mod endpoint_memo;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod ipvs_table;

@@ -290,7 +290,7 @@ impl EntrySlots {
         self.endpoints
             .iter()
             .enumerate()
-            .map(|(slot, (addr, port))| Element {
+            .map(|(slot, SlotKey { addr, port })| Element {
                 key: slot_key(&self.entry, slot as u32),
                 value: Some(Mapped::Endpoint(*addr, *port)),
                 comment: None,

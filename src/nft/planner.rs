@@ -11,7 +11,9 @@
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
+use crate::core::policy::Categorized;
 use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
+use crate::nft::endpoint_memo::{EndpointMemo, ListChange, PortChange};
 use crate::nft::kernel::Views;
 use crate::nft::lower::{
     lower_chain, lower_counter, lower_element, lower_key, lower_set, lower_table,
@@ -24,7 +26,8 @@ use crate::nft::slots::{Placement, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, service_rules, translate_placed};
 use crate::nft::view::{map_slots, slots, Elements, RuleView, SetView, TableView};
 use crate::ruleset::{KeyValue, Mapped, Ruleset, TableId};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
@@ -40,6 +43,9 @@ pub struct Footprints {
 
 /// A partial sync's change to the footprints, applied once its plan commits.
 pub struct FootprintChange {
+    /// How many of the Services (each family counted) were planned from
+    /// their memo, the rest recomputed whole (for the debug log and tests).
+    pub from_memo: usize,
     services: Vec<((ServiceKey, Family), Footprint)>,
     hairpin_refs: Vec<((Family, IpAddr), usize)>,
     shared_refs: Vec<((TableId, Shared), usize)>,
@@ -64,6 +70,40 @@ pub struct Footprint {
     /// The shared chains (and maps) it uses.
     shared: Vec<(TableId, Shared)>,
     hairpin: Vec<IpAddr>,
+    /// A large Service's endpoints, for its next partial sync.
+    memo: Option<Box<EndpointMemo>>,
+}
+
+impl Footprint {
+    /// Remembers a large Service's endpoints (`EndpointMemo`) and where each
+    /// of its entries' endpoints sits, so that its next partial sync starts
+    /// from the slices that changed.
+    fn remember(
+        &mut self,
+        memo: Option<EndpointMemo>,
+        state: &ClusterState,
+        svc: &Service,
+        config: &NodeConfig,
+        family: Family,
+    ) {
+        self.memo = memo
+            .or_else(|| EndpointMemo::remember(state, svc, family, config))
+            .map(Box::new);
+        if self.memo.is_none() {
+            return;
+        }
+        for s in &mut self.slots {
+            if s.index.is_none() {
+                s.index = Some(
+                    s.endpoints
+                        .iter()
+                        .enumerate()
+                        .map(|(i, k)| (*k, i as u32))
+                        .collect(),
+                );
+            }
+        }
+    }
 }
 
 /// One entry's endpoints in an endpoint map, kept whole rather than as its
@@ -76,7 +116,12 @@ struct PlacedSlots {
     /// The entry's key, lowered: each element's key without its slot.
     entry: Vec<u8>,
     endpoints: Vec<SlotKey>,
+    /// Each endpoint's slot, kept for a large Service's entries.
+    index: Option<SlotIndex>,
 }
+
+/// Where each endpoint of an entry sits.
+type SlotIndex = HashMap<SlotKey, u32>;
 
 impl PlacedSlots {
     fn element_key(&self, slot: usize) -> Vec<u8> {
@@ -86,7 +131,7 @@ impl PlacedSlots {
     }
 
     fn element(&self, slot: usize) -> KernelElement {
-        let (addr, port) = self.endpoints[slot];
+        let SlotKey { addr, port } = self.endpoints[slot];
         KernelElement {
             key: self.element_key(slot),
             data: Some(Mapped::Endpoint(addr, port)),
@@ -191,6 +236,7 @@ fn lower_service(
                     map: s.map,
                     entry: lower_key(&s.entry, true),
                     endpoints: s.endpoints,
+                    index: None,
                 })
                 .collect(),
             shared: rules.shared.iter().map(|s| (table, *s)).collect(),
@@ -199,6 +245,7 @@ fn lower_service(
                 .map(|(t, set, e)| PlacedElement::of(*t, set, e))
                 .collect(),
             hairpin: rules.hairpin.clone(),
+            memo: None,
         },
         elements,
         chains,
@@ -280,6 +327,22 @@ struct PlacedBefore<'a> {
     old: &'a Footprint,
 }
 
+impl PlacedBefore<'_> {
+    fn slots_of(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+    ) -> Option<&PlacedSlots> {
+        let key = lower_key(entry, true);
+        self.old
+            .slots
+            .iter()
+            .find(|s| (s.table, s.map.kind, s.map.local) == (table, kind, local) && s.entry == key)
+    }
+}
+
 impl Placement for PlacedBefore<'_> {
     fn cascade(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
         self.reread
@@ -295,13 +358,123 @@ impl Placement for PlacedBefore<'_> {
         local: bool,
         entry: &[KeyValue],
     ) -> Option<Vec<SlotKey>> {
-        let key = lower_key(entry, true);
-        self.old
-            .slots
-            .iter()
-            .find(|s| (s.table, s.map.kind, s.map.local) == (table, kind, local) && s.entry == key)
+        self.slots_of(table, kind, local, entry)
             .map(|s| s.endpoints.clone())
     }
+}
+
+/// A large Service's partial sync whose memo found what changed: each port's
+/// chosen endpoints come from the memo, and each entry's slots are the last
+/// sync's with the change applied, not assigned again over every endpoint.
+struct PlacedByChange<'a> {
+    before: PlacedBefore<'a>,
+    memo: &'a EndpointMemo,
+    changes: &'a [PortChange],
+    /// Each entry placed here: its new index, and the slots that changed.
+    placed: RefCell<Vec<MovedSlots>>,
+}
+
+/// An entry's slots after a change.
+pub struct MovedSlots {
+    table: TableId,
+    kind: EntryKind,
+    local: bool,
+    entry: Vec<u8>,
+    index: SlotIndex,
+    /// The slots whose endpoint changed, came or went, ascending.
+    changed: Vec<u32>,
+}
+
+impl MovedSlots {
+    /// Whether these are the slots of `s`, in the map they were moved in.
+    fn holds(&self, s: &PlacedSlots) -> bool {
+        (self.table, self.kind, self.local, &self.entry)
+            == (s.table, s.map.kind, s.map.local, &s.entry)
+    }
+}
+
+impl Placement for PlacedByChange<'_> {
+    fn cascade(&self, table: TableId, chain: &str) -> Option<Vec<SlotKey>> {
+        self.before.cascade(table, chain)
+    }
+
+    fn entry(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+    ) -> Option<Vec<SlotKey>> {
+        self.before.entry(table, kind, local, entry)
+    }
+
+    fn chosen(&self, port: usize) -> Option<Categorized<'_>> {
+        Some(self.memo.chosen(port))
+    }
+
+    fn placed(
+        &self,
+        table: TableId,
+        kind: EntryKind,
+        local: bool,
+        entry: &[KeyValue],
+        port: usize,
+    ) -> Option<Vec<SlotKey>> {
+        let old = self.before.slots_of(table, kind, local, entry)?;
+        let index = old.index.as_ref()?;
+        let change = self.changes.get(port)?.of(local);
+        let (slots, index, changed) = move_slots(&old.endpoints, index, change)?;
+        self.placed.borrow_mut().push(MovedSlots {
+            table,
+            kind,
+            local,
+            entry: old.entry.clone(),
+            index,
+            changed,
+        });
+        Some(slots)
+    }
+}
+
+/// An entry's slots with a change applied as `slots::assign_slots` would
+/// apply it: each leaving endpoint's slot, from the highest down, taken by
+/// the endpoint in the last slot; newcomers in new slots, in ascending
+/// order. It visits only the endpoints that changed, and those it moves.
+/// `None` if the change does not fit the slots (then they are assigned anew).
+fn move_slots(
+    previous: &[SlotKey],
+    index: &SlotIndex,
+    change: &ListChange,
+) -> Option<(Vec<SlotKey>, SlotIndex, Vec<u32>)> {
+    let mut slots = previous.to_vec();
+    let mut index = index.clone();
+    let mut changed = Vec::new();
+    let mut gone = Vec::with_capacity(change.gone.len());
+    for key in &change.gone {
+        gone.push(index.remove(key)? as usize);
+    }
+    gone.sort_unstable_by(|a, b| b.cmp(a));
+    for slot in gone {
+        let last = slots.len() - 1;
+        slots.swap_remove(slot);
+        changed.push(slot as u32);
+        if slot != last {
+            index.insert(slots[slot], slot as u32);
+            changed.push(last as u32);
+        }
+    }
+    let mut came = change.came.clone();
+    came.sort_unstable();
+    for key in came {
+        if index.insert(key, slots.len() as u32).is_some() {
+            return None;
+        }
+        changed.push(slots.len() as u32);
+        slots.push(key);
+    }
+    changed.sort_unstable();
+    changed.dedup();
+    Some((slots, index, changed))
 }
 
 /// Plans one of a Service's sets in a full sync against the kernel's; false if
@@ -453,8 +626,8 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
                     .push(e.clone());
             }
         }
-        for (key, svc) in &state.services {
-            let svc = lower_service(state, svc, family, config, &placement);
+        for (key, service) in &state.services {
+            let svc = lower_service(state, service, family, config, &placement);
             for c in svc.counters {
                 if wanted_counters.insert(c.name.clone()) {
                     match main_view.and_then(|v| v.counters.get(&c.name)) {
@@ -498,6 +671,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             }
             // A single-stack Service leaves nothing in the other family.
             if footprint != Footprint::default() {
+                footprint.remember(None, state, service, config, family);
                 footprints.services.insert((key.clone(), family), footprint);
             }
         }
@@ -607,7 +781,7 @@ impl Footprints {
     /// of the last sync and their chains as re-read (`kernel`); `apply` the
     /// returned change once the plan is committed.
     pub fn plan_partial(
-        &self,
+        &mut self,
         kernel: Reread,
         dirty: &[ServiceKey],
         state: &ClusterState,
@@ -615,25 +789,58 @@ impl Footprints {
     ) -> (Plan, FootprintChange) {
         let mut plan = Plan::default();
         let mut updates = Vec::new();
-        let mut hairpin_delta: HashMap<(Family, IpAddr), isize> = HashMap::new();
-        let mut shared_delta: HashMap<(TableId, Shared), isize> = HashMap::new();
+        // Ordered, so that a change is always the same transaction.
+        let mut hairpin_delta: BTreeMap<(Family, IpAddr), isize> = BTreeMap::new();
+        let mut shared_delta: BTreeMap<(TableId, Shared), isize> = BTreeMap::new();
         let none = Footprint::default();
+        let mut from_memo = 0;
         for key in dirty {
             for family in Family::ALL {
                 let main = TableId::main(family);
+                let svc = state.services.get(key);
+                // Taken: a memo moves on with its Service. If this sync's
+                // commit fails, the full sync that follows remembers anew.
+                let mut memo = self
+                    .services
+                    .get_mut(&(key.clone(), family))
+                    .and_then(|f| f.memo.take());
+                let changes = match (&mut memo, svc) {
+                    (Some(m), Some(svc)) => m.advance(state, svc),
+                    _ => None,
+                };
                 let old = self.services.get(&(key.clone(), family)).unwrap_or(&none);
-                let placement = PlacedBefore {
+                let before = PlacedBefore {
                     reread: &kernel,
                     old,
                 };
-                let new = state
-                    .services
-                    .get(key)
-                    .map(|svc| lower_service(state, svc, family, config, &placement));
-                let (chains, sets, counters, elements, new_applied) = match new {
+                let (new, moved) = match (svc, &memo, &changes) {
+                    (Some(svc), Some(memo), Some(changes)) => {
+                        let placement = PlacedByChange {
+                            before,
+                            memo,
+                            changes,
+                            placed: RefCell::default(),
+                        };
+                        let new = lower_service(state, svc, family, config, &placement);
+                        (Some(new), placement.placed.into_inner())
+                    }
+                    _ => {
+                        let new = svc.map(|svc| lower_service(state, svc, family, config, &before));
+                        (new, Vec::new())
+                    }
+                };
+                let memo = changes.and(memo).map(|m| *m);
+                from_memo += usize::from(memo.is_some());
+                let (chains, sets, counters, elements, mut new_applied) = match new {
                     Some(s) => (s.chains, s.sets, s.counters, s.elements, s.footprint),
                     None => Default::default(),
                 };
+                if let (Some(svc), false) = (svc, new_applied == Footprint::default()) {
+                    for s in &mut new_applied.slots {
+                        s.index = moved.iter().find(|m| m.holds(s)).map(|m| m.index.clone());
+                    }
+                    new_applied.remember(memo, state, svc, config, family);
+                }
                 for c in counters
                     .into_iter()
                     .filter(|c| !old.counters.contains(&c.name))
@@ -667,7 +874,7 @@ impl Footprints {
                     }
                 }
                 diff_service_elements(&mut plan, &old.elements, &new_applied.elements, elements);
-                diff_slots(&mut plan, &old.slots, &new_applied.slots);
+                diff_slots(&mut plan, &old.slots, &new_applied.slots, &moved);
                 for s in &old.shared {
                     *shared_delta.entry(*s).or_insert(0) -= 1;
                 }
@@ -732,6 +939,7 @@ impl Footprints {
         (
             plan,
             FootprintChange {
+                from_memo,
                 services: updates,
                 hairpin_refs: new_refs,
                 shared_refs,
@@ -856,12 +1064,23 @@ fn plan_elements(
 /// A partial sync's change to one Service's entries: per entry, the slots
 /// whose endpoint changed are replaced, the slots beyond the new count deleted,
 /// new slots added; an entry that moved to another map (its count changed)
-/// leaves the old map whole and fills the new one.
-fn diff_slots(plan: &mut Plan, old: &[PlacedSlots], new: &[PlacedSlots]) {
+/// leaves the old map whole and fills the new one. An entry whose slots were
+/// moved by a change (`moved`) is compared only in the slots that moved.
+fn diff_slots(plan: &mut Plan, old: &[PlacedSlots], new: &[PlacedSlots], moved: &[MovedSlots]) {
+    let compared = |o: &PlacedSlots, n: Option<&PlacedSlots>| -> Vec<usize> {
+        let len = o.endpoints.len().max(n.map_or(0, |n| n.endpoints.len()));
+        match n.and_then(|n| moved.iter().find(|m| m.holds(n))) {
+            Some(m) => m.changed.iter().map(|s| *s as usize).collect(),
+            None => (0..len).collect(),
+        }
+    };
     for o in old {
         let map = o.map.name();
         let kept = new.iter().find(|n| n.same_entry(o));
-        for (slot, ep) in o.endpoints.iter().enumerate() {
+        for slot in compared(o, kept) {
+            let Some(ep) = o.endpoints.get(slot) else {
+                continue;
+            };
             if kept.and_then(|n| n.endpoints.get(slot)) != Some(ep) {
                 plan.delete_element(
                     o.table,
@@ -878,7 +1097,14 @@ fn diff_slots(plan: &mut Plan, old: &[PlacedSlots], new: &[PlacedSlots]) {
     for n in new {
         let map = n.map.name();
         let before = old.iter().find(|o| o.same_entry(n));
-        for (slot, ep) in n.endpoints.iter().enumerate() {
+        let slots = match before {
+            Some(o) => compared(o, Some(n)),
+            None => (0..n.endpoints.len()).collect(),
+        };
+        for slot in slots {
+            let Some(ep) = n.endpoints.get(slot) else {
+                continue;
+            };
             if before.and_then(|o| o.endpoints.get(slot)) != Some(ep) {
                 plan.add_element(n.table, &map, n.element(slot));
             }
@@ -899,5 +1125,211 @@ fn diff_service_elements(
         if !old.contains(placed) {
             plan.add_element(table, set, e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{Conditions, Hints};
+    use crate::synthetic;
+
+    /// The footprints without what only speeds a partial sync up.
+    fn forgetful(f: &Footprints) -> Footprints {
+        let mut f = f.clone();
+        for fp in f.services.values_mut() {
+            fp.memo = None;
+            for s in &mut fp.slots {
+                s.index = None;
+            }
+        }
+        f
+    }
+
+    fn sorted(f: &Footprints) -> Vec<(ServiceKey, Family, Footprint)> {
+        let mut v: Vec<_> = forgetful(f)
+            .services
+            .into_iter()
+            .map(|((k, fam), fp)| (k, fam, fp))
+            .collect();
+        v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        v
+    }
+
+    /// A plan's messages as bytes, but for the ID of each new set, which is
+    /// unique in the process (the kernel resolves a new set's elements by it
+    /// within a transaction), and its messages described.
+    fn bytes(plan: Plan) -> (Vec<u8>, Vec<String>) {
+        const NEWSET: u16 = (10 << 8) | 9;
+        const NFTA_SET_ID: u16 = 10;
+        let t = plan.into_batch().finish();
+        let mut b = t.chunks.concat();
+        let mut at = 0;
+        while at + 20 <= b.len() {
+            let len = u32::from_ne_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+            let kind = u16::from_ne_bytes(b[at + 4..at + 6].try_into().unwrap());
+            let mut attr = at + 20;
+            while kind == NEWSET && attr + 4 <= at + len {
+                let alen = u16::from_ne_bytes(b[attr..attr + 2].try_into().unwrap()) as usize;
+                let atype = u16::from_ne_bytes(b[attr + 2..attr + 4].try_into().unwrap());
+                if atype & 0x3fff == NFTA_SET_ID {
+                    b[attr + 4..attr + alen].fill(0);
+                }
+                attr += (alen + 3) & !3;
+            }
+            at += (len + 3) & !3;
+        }
+        (b, t.described())
+    }
+
+    /// A small deterministic generator, so a failure names its step.
+    struct Dice(u64);
+
+    impl Dice {
+        fn roll(&mut self, n: usize) -> usize {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((self.0 >> 33) as usize) % n
+        }
+    }
+
+    /// Large Services of each policy, their endpoints in slices of 100 on 100
+    /// nodes (this node among them).
+    fn large_services() -> ClusterState {
+        let mut state = synthetic::state(0, 0);
+        let sizes = [450, 300, 250, 180];
+        let mut next = 0;
+        for (i, n) in sizes.into_iter().enumerate() {
+            let mut svc = synthetic::service(i);
+            match i {
+                1 => {
+                    svc.ports[0].node_port = Some(30001);
+                    svc.external_ips = vec!["192.0.2.1".parse().unwrap()];
+                }
+                2 => {
+                    svc.ports[0].node_port = Some(30002);
+                    svc.external_policy_local = true;
+                }
+                3 => svc.internal_policy_local = true,
+                _ => {}
+            }
+            state.services.insert(svc.key.clone(), svc);
+            let addrs: Vec<IpAddr> = (next..next + n).map(synthetic::endpoint_addr).collect();
+            next += n;
+            synthetic::set_endpoints(&mut state, i, &addrs);
+        }
+        state
+    }
+
+    /// One change an EndpointSlice can bring to one slice of Service `i`
+    /// (or the Service's slices as a whole), named.
+    fn change(state: &mut ClusterState, dice: &mut Dice, fresh: &mut u32) -> (usize, String) {
+        let i = dice.roll(4);
+        let key = synthetic::service_key(i);
+        let slices = state.slices.get_mut(&key).unwrap();
+        let count = slices.shared().len();
+        let which = dice.roll(count);
+        let what = dice.roll(10);
+        let slice = slices.values_mut().nth(which).unwrap();
+        let eps = &mut slice.endpoints;
+        let at = dice.roll(eps.len().max(1));
+        let mut new_addr = || {
+            *fresh += 1;
+            synthetic::endpoint_addr(1_000_000 + *fresh as usize)
+        };
+        let what = match what {
+            0 | 1 if !eps.is_empty() => {
+                eps[at].addr = new_addr();
+                "an endpoint replaced"
+            }
+            2 if !eps.is_empty() => {
+                eps.remove(at);
+                "an endpoint removed"
+            }
+            3 => {
+                eps.push(synthetic::ready(new_addr()));
+                "an endpoint added"
+            }
+            4 if !eps.is_empty() => {
+                eps[at].conditions = Conditions {
+                    ready: false,
+                    serving: true,
+                    terminating: true,
+                };
+                "an endpoint terminating"
+            }
+            5 if !eps.is_empty() => {
+                eps[at].node_name = Some(crate::core::model::name(synthetic::THIS_NODE));
+                "an endpoint moved to this node"
+            }
+            6 if !eps.is_empty() => {
+                eps[at].hints = Hints::new(vec!["zone-a".into()], vec![]);
+                "an endpoint hinted for a zone"
+            }
+            7 if !eps.is_empty() && count > 1 => {
+                let dup = eps[at].clone();
+                let other = (which + 1) % count;
+                slices.values_mut().nth(other).unwrap().endpoints.push(dup);
+                "an endpoint in two slices"
+            }
+            8 if !eps.is_empty() => {
+                for e in eps.iter_mut() {
+                    e.conditions.ready = !e.conditions.ready;
+                }
+                "a slice's endpoints flip readiness"
+            }
+            9 if !eps.is_empty() => {
+                eps.truncate(eps.len().saturating_sub(3));
+                "a slice loses its last three"
+            }
+            _ => "a slice written again as it was",
+        };
+        (i, what.to_string())
+    }
+
+    #[test]
+    fn a_change_planned_from_the_memo_is_the_change_planned_from_scratch() {
+        let config = synthetic::node_config();
+        let mut state = large_services();
+        let (_, mut footprints) = plan_full(&Views::default(), &state, &config);
+        let mut dice = Dice(44);
+        let mut fresh = 0;
+        let (mut from_memo, mut steps) = (0, 0);
+        for step in 0..400 {
+            let (i, what) = change(&mut state, &mut dice, &mut fresh);
+            let dirty = [synthetic::service_key(i)];
+            let mut scratch = forgetful(&footprints);
+            let (plan, change) =
+                footprints.plan_partial(Reread::default(), &dirty, &state, &config);
+            let (want, want_change) =
+                scratch.plan_partial(Reread::default(), &dirty, &state, &config);
+            assert_eq!(want_change.from_memo, 0);
+            from_memo += change.from_memo;
+            steps += 1;
+            let (got, want) = (bytes(plan), bytes(want));
+            assert!(
+                got.0 == want.0,
+                "step {step}, Service {i}: {what}: the plans differ:\n{}",
+                if got.1 == want.1 {
+                    format!("in their bytes, not their messages: {:#?}", got.1)
+                } else {
+                    format!("{:#?}\n{:#?}", got.1, want.1)
+                }
+            );
+            footprints.apply(change);
+            scratch.apply(want_change);
+            assert!(
+                sorted(&footprints) == sorted(&scratch),
+                "step {step}, Service {i}: {what}: the footprints differ"
+            );
+        }
+        // Most changes touch endpoints alone; the test is worth nothing if the
+        // memo gave up on them.
+        assert!(
+            from_memo * 2 > steps,
+            "{from_memo} of {steps} from the memo"
+        );
     }
 }

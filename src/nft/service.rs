@@ -310,6 +310,8 @@ pub(super) struct PortIn<'a> {
     pub label: String,
     /// `ns/name/proto/port`, from which its chains are named.
     pub port_id: String,
+    /// Its index among the Service's ports.
+    pub index: usize,
     pub eps: Categorized<'a>,
     /// The `service-ips` key of the ClusterIP, and of each external address.
     pub vip_key: Vec<KeyValue>,
@@ -361,21 +363,19 @@ impl<'a> ServiceIn<'a> {
         })
     }
 
-    /// One port, over its endpoints in this family (`port_endpoints`), chosen
-    /// by the core's policy.
-    pub(super) fn port<'p>(
-        &self,
-        port: &'p ServicePort,
-        endpoints: &'p [PortEndpoint],
-    ) -> PortIn<'p>
+    /// Port `index` of the Service, over its endpoints in this family as the
+    /// core's policy chose them (`categorize`).
+    pub(super) fn port<'p>(&self, index: usize, eps: Categorized<'p>) -> PortIn<'p>
     where
         'a: 'p,
     {
+        let port = &self.svc.ports[index];
         PortIn {
             port,
             label: self.svc.port_label(port),
             port_id: port_id(self.svc, port),
-            eps: categorize(self.svc, endpoints, self.node),
+            index,
+            eps,
             vip_key: dispatch_key(self.vip, port),
             external_keys: self
                 .external_ips
@@ -539,9 +539,16 @@ pub(super) fn nftables_rules(
     let Some(s) = ServiceIn::start(&mut out, state, svc, family) else {
         return out;
     };
-    for port in &svc.ports {
-        let endpoints = port_endpoints(state, svc, port, family);
-        let p = s.port(port, &endpoints);
+    for (index, port) in svc.ports.iter().enumerate() {
+        let endpoints;
+        let eps = match placement.chosen(index) {
+            Some(eps) => eps,
+            None => {
+                endpoints = port_endpoints(state, svc, port, family);
+                categorize(svc, &endpoints, s.node)
+            }
+        };
+        let p = s.port(index, eps);
         match svc.affinity_timeout {
             Some(timeout) => cascade_port(&mut out, &s, &p, config, family, placement, timeout),
             None => shared_port(&mut out, &s, &p, config, family, placement),
@@ -583,11 +590,15 @@ fn shared_port(
         } else {
             &p.eps.cluster
         };
-        let previous = placement.entry(table, group.kind, group.local, entry);
-        let endpoints = assign_slots(previous, chosen, Fill::Map)
-            .iter()
-            .map(|e| (e.addr, e.port))
-            .collect();
+        let endpoints = placement
+            .placed(table, group.kind, group.local, entry, p.index)
+            .unwrap_or_else(|| {
+                let previous = placement.entry(table, group.kind, group.local, entry);
+                assign_slots(previous, chosen, Fill::Map)
+                    .iter()
+                    .map(|e| e.key())
+                    .collect()
+            });
         out.slots.push(EntrySlots {
             map: group.map(),
             entry: entry.to_vec(),

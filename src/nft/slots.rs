@@ -4,13 +4,13 @@
 //! two map elements (or one or two cascade rules).
 
 use crate::core::model::PortEndpoint;
+use crate::core::policy::Categorized;
 use crate::nft::pick::EntryKind;
 use crate::ruleset::{KeyValue, TableId};
 use std::collections::{BTreeMap, HashSet};
-use std::net::IpAddr;
 
 /// An endpoint's identity in a slot.
-pub type SlotKey = (IpAddr, u16);
+pub type SlotKey = crate::core::endpoint_key::EndpointKey;
 
 /// Where the kernel currently has the endpoints of a Service port, by slot;
 /// `None` where it has none.
@@ -28,6 +28,27 @@ pub trait Placement {
         local: bool,
         entry: &[KeyValue],
     ) -> Option<Vec<SlotKey>>;
+
+    /// The endpoints chosen for the Service's port `port` (its index among the
+    /// Service's ports), when this placement knows them without merging and
+    /// choosing among every endpoint of the port again.
+    fn chosen(&self, _port: usize) -> Option<Categorized<'_>> {
+        None
+    }
+
+    /// An entry's endpoints already in their slots, when this placement has
+    /// worked them out from what changed (`port` as for `chosen`); the caller
+    /// assigns them otherwise (`assign_slots`).
+    fn placed(
+        &self,
+        _table: TableId,
+        _kind: EntryKind,
+        _local: bool,
+        _entry: &[KeyValue],
+        _port: usize,
+    ) -> Option<Vec<SlotKey>> {
+        None
+    }
 }
 
 /// No placement: a ruleset computed from scratch (render, a cold start).
@@ -60,8 +81,7 @@ pub fn assign_slots<'a>(
     usable: &[&'a PortEndpoint],
     fill: Fill,
 ) -> Vec<&'a PortEndpoint> {
-    let by_key: BTreeMap<SlotKey, &PortEndpoint> =
-        usable.iter().map(|e| ((e.addr, e.port), *e)).collect();
+    let by_key: BTreeMap<SlotKey, &PortEndpoint> = usable.iter().map(|e| (e.key(), *e)).collect();
     // A set beside the slots, not a search of them: a Service port has up to
     // tens of thousands of endpoints, and one change must not cost their square.
     let mut placed: HashSet<SlotKey> = HashSet::with_capacity(by_key.len());

@@ -710,7 +710,7 @@ mod tests {
         let refs: Vec<&PortEndpoint> = eps.iter().collect();
         let previous: Vec<SlotKey> = [5, 4, 3, 2, 1]
             .iter()
-            .map(|l| (IpAddr::from([10, 244, 0, *l]), 80))
+            .map(|l| SlotKey::new(IpAddr::from([10, 244, 0, *l]), 80))
             .collect();
         // 3 (slot 2) leaves: 1 (slot 4, the last) moves into slot 2.
         assert_eq!(

@@ -3,6 +3,7 @@
 //! definition and elements. Enough to diff against, at a fraction of the memory of
 //! the decoded rules (100k rules: a few MiB).
 
+use crate::core::endpoint_key::EndpointKey;
 use crate::core::net::Family;
 use crate::netlink::attr::AttrWriter;
 use crate::netlink::expr::{Data, Expr, REG_1, REG_2};
@@ -33,24 +34,29 @@ pub struct ChainView {
 
 /// The endpoints of a Service port chain's DNAT rules by cascade slot (slot 0
 /// is the last rule; a single endpoint's chain has only that one).
-pub fn slots(rules: &[RuleView]) -> Vec<(IpAddr, u16)> {
-    rules.iter().rev().filter_map(|r| r.dnat).collect()
+pub fn slots(rules: &[RuleView]) -> Vec<EndpointKey> {
+    rules
+        .iter()
+        .rev()
+        .filter_map(|r| r.dnat)
+        .map(|(addr, port)| EndpointKey::new(addr, port))
+        .collect()
 }
 
 /// The endpoints of one entry's elements of an endpoint map, by slot (the
 /// last field of each key).
-pub fn map_slots<'a>(elements: impl Iterator<Item = &'a KernelElement>) -> Vec<(IpAddr, u16)> {
-    let mut by_slot: Vec<(u32, (IpAddr, u16))> = elements
+pub fn map_slots<'a>(elements: impl Iterator<Item = &'a KernelElement>) -> Vec<EndpointKey> {
+    let mut by_slot: Vec<(u32, EndpointKey)> = elements
         .filter_map(|e| {
             let at = e.key.len().checked_sub(4)?;
             let slot = u32::from_ne_bytes(e.key[at..].try_into().ok()?);
             match e.data {
-                Some(Mapped::Endpoint(addr, port)) => Some((slot, (addr, port))),
+                Some(Mapped::Endpoint(addr, port)) => Some((slot, EndpointKey::new(addr, port))),
                 _ => None,
             }
         })
         .collect();
-    by_slot.sort();
+    by_slot.sort_unstable_by_key(|(slot, _)| *slot);
     by_slot.into_iter().map(|(_, ep)| ep).collect()
 }
 
