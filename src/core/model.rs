@@ -253,6 +253,12 @@ impl PortEndpoint {
     pub fn is_on(&self, node: Option<&NodeInfo>) -> bool {
         node.is_some_and(|n| self.node_name.as_deref() == Some(n.name.as_str()))
     }
+
+    /// Whether the endpoint may run on this node: it does, or its node or
+    /// this node is not known.
+    pub fn may_be_on(&self, node: Option<&NodeInfo>) -> bool {
+        node.is_none() || self.node_name.is_none() || self.is_on(node)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

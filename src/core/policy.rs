@@ -4,6 +4,7 @@
 
 use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
 use crate::core::net::Family;
+use std::net::IpAddr;
 
 /// The endpoints of one Service port in one family, merged over its slices.
 pub fn port_endpoints(
@@ -40,6 +41,9 @@ pub struct Categorized<'a> {
     pub local: Vec<&'a PortEndpoint>,
     /// Whether the Service port has any usable endpoint anywhere.
     pub has_any: bool,
+    /// The addresses of those in either list that may be on this node
+    /// (`PortEndpoint::may_be_on`), when known without visiting the lists.
+    pub here: Option<Vec<IpAddr>>,
 }
 
 /// The counts over a Service port's endpoints that decide what `categorize`
@@ -206,6 +210,7 @@ impl Choice {
             cluster: eps.clone().filter(|e| self.in_cluster(e, node)).collect(),
             local: eps.filter(|e| self.in_local(e, node)).collect(),
             has_any: self.has_any,
+            here: None,
         }
     }
 }

@@ -28,7 +28,8 @@ use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::{Categorized, Choice, Tally};
 use crate::nft::slots::SlotKey;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// Services with fewer endpoints are recomputed whole: cheap at their size,
@@ -52,6 +53,33 @@ struct PortMemo {
     merged: HashMap<SlotKey, Merged>,
     tally: Tally,
     choice: Choice,
+    /// The addresses of chosen endpoints that may be on this node, with how
+    /// many places (an endpoint in both lists, two ports of one address)
+    /// they have: the port's hairpin addresses.
+    here: BTreeMap<IpAddr, u32>,
+}
+
+impl PortMemo {
+    /// Counts `ep`'s places among the hairpin addresses in or out.
+    fn count_here(&mut self, ep: &PortEndpoint, node: Option<&NodeInfo>, add: bool) {
+        if !ep.may_be_on(node) {
+            return;
+        }
+        let places =
+            u32::from(self.choice.in_cluster(ep, node)) + u32::from(self.choice.in_local(ep, node));
+        if places == 0 {
+            return;
+        }
+        let n = self.here.entry(ep.addr).or_insert(0);
+        if add {
+            *n += places;
+        } else {
+            *n -= places;
+            if *n == 0 {
+                self.here.remove(&ep.addr);
+            }
+        }
+    }
 }
 
 /// One endpoint of a port, merged over the slices that have it.
@@ -128,11 +156,17 @@ impl EndpointMemo {
                         .or_insert(Merged { ep, sources: 1 });
                 }
                 let tally = Tally::of(merged.values().map(|m| &m.ep), node);
-                PortMemo {
+                let mut memo = PortMemo {
                     choice: tally.choice(svc, node),
-                    merged,
+                    merged: HashMap::new(),
                     tally,
+                    here: BTreeMap::new(),
+                };
+                for m in merged.values() {
+                    memo.count_here(&m.ep, node, true);
                 }
+                memo.merged = merged;
+                memo
             })
             .collect();
         Some(EndpointMemo {
@@ -170,8 +204,11 @@ impl EndpointMemo {
     /// `advance`, in no particular order.
     pub fn chosen(&self, port: usize) -> Categorized<'_> {
         let memo = &self.ports[port];
-        memo.choice
-            .categorize(memo.merged.values().map(|m| &m.ep), self.node.as_ref())
+        let mut chosen = memo
+            .choice
+            .categorize(memo.merged.values().map(|m| &m.ep), self.node.as_ref());
+        chosen.here = Some(memo.here.keys().copied().collect());
+        chosen
     }
 }
 
@@ -268,7 +305,9 @@ impl PortMemo {
                 }
                 (old, now) => {
                     if let Some(m) = old {
-                        self.tally.remove(&m.ep, node);
+                        let ep = m.ep.clone();
+                        self.count_here(&ep, node, false);
+                        self.tally.remove(&ep, node);
                     }
                     match now {
                         Some(ep) => {
@@ -289,10 +328,14 @@ impl PortMemo {
         }
         let mut change = PortChange::default();
         for (key, was_cluster, was_local) in moved {
-            let (is_cluster, is_local) = self.merged.get(&key).map_or((false, false), |m| {
+            let now = self.merged.get(&key).map(|m| m.ep.clone());
+            if let Some(ep) = &now {
+                self.count_here(ep, node, true);
+            }
+            let (is_cluster, is_local) = now.as_ref().map_or((false, false), |ep| {
                 (
-                    self.choice.in_cluster(&m.ep, node),
-                    self.choice.in_local(&m.ep, node),
+                    self.choice.in_cluster(ep, node),
+                    self.choice.in_local(ep, node),
                 )
             });
             for (list, was, is) in [

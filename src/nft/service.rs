@@ -283,13 +283,6 @@ fn external_chain(
     })
 }
 
-/// Only a pod on this node reaches itself through this node's rules (other
-/// nodes' pods go through their own node's), so only endpoints that may be here
-/// need a hairpin element: this node's, and any whose node is unknown.
-fn may_hairpin(e: &PortEndpoint, node: Option<&NodeInfo>) -> bool {
-    node.is_none() || e.node_name.is_none() || e.is_on(node)
-}
-
 /// One Service in one family, as both flavours (nftables, IPVS) start it: its
 /// `cluster-ips` element and source-range firewall are already in `out`.
 pub(super) struct ServiceIn<'a> {
@@ -400,9 +393,12 @@ impl<'a> ServiceIn<'a> {
         (!chosen.is_empty()).then(|| chain_name(kind, &p.port_id))
     }
 
-    /// Records the endpoints of `chosen` that may hairpin.
+    /// Records the endpoints of `chosen` that may hairpin. Only a pod on this
+    /// node reaches itself through this node's rules (other nodes' pods go
+    /// through their own node's), so only endpoints that may be here need a
+    /// hairpin element: this node's, and any whose node is unknown.
     pub(super) fn record_hairpin(&self, out: &mut ServiceRules, chosen: &[&PortEndpoint]) {
-        let here = chosen.iter().filter(|e| may_hairpin(e, self.node));
+        let here = chosen.iter().filter(|e| e.may_be_on(self.node));
         out.hairpin.extend(here.map(|e| e.addr));
     }
 
@@ -573,8 +569,13 @@ fn shared_port(
     placement: &dyn Placement,
 ) {
     let svc = s.svc;
-    s.record_hairpin(out, &p.eps.cluster);
-    s.record_hairpin(out, &p.eps.local);
+    match &p.eps.here {
+        Some(here) => out.hairpin.extend_from_slice(here),
+        None => {
+            s.record_hairpin(out, &p.eps.cluster);
+            s.record_hairpin(out, &p.eps.local);
+        }
+    }
     let group = |kind: EntryKind, local: bool| {
         let chosen = if local { &p.eps.local } else { &p.eps.cluster };
         (!chosen.is_empty()).then_some(PickGroup {
