@@ -130,6 +130,13 @@ impl PlacedSlots {
         key
     }
 
+    /// Whether `key` is this entry's element key of `slot`.
+    fn is_key(&self, key: &[u8], slot: usize) -> bool {
+        key.len() == self.entry.len() + 4
+            && key.starts_with(&self.entry)
+            && key[self.entry.len()..] == (slot as u32).to_ne_bytes()
+    }
+
     fn element(&self, slot: usize) -> KernelElement {
         let SlotKey { addr, port } = self.endpoints[slot];
         KernelElement {
@@ -551,17 +558,30 @@ impl<'v> EndpointMaps<'v> {
         if !self.claimed.insert(at) {
             return false;
         }
-        for e in s.elements() {
-            match map.have.and_then(|h| h.index_of(&e.key).map(|i| (i, h))) {
-                Some((i, have)) => {
-                    map.seen[i] = true;
-                    let old = &have.as_slice()[i];
-                    if *old != e {
-                        plan.delete_element(s.table, &map.name, old.clone());
-                        plan.add_element(s.table, &map.name, e);
-                    }
-                }
-                None => plan.add_element(s.table, &map.name, e),
+        let Some(have) = map.have else {
+            for e in s.elements() {
+                plan.add_element(s.table, &map.name, e);
+            }
+            return true;
+        };
+        // The entry's elements are one run of the sorted map, in slot order
+        // for fewer than 256 slots (a slot's first key byte is its lowest):
+        // found once, then each is where its slot says, or searched for.
+        let elements = have.as_slice();
+        let start = elements.partition_point(|e| e.key.as_slice() < s.entry.as_slice());
+        for (slot, ep) in s.endpoints.iter().enumerate() {
+            let at = Some(start + slot)
+                .filter(|i| elements.get(*i).is_some_and(|e| s.is_key(&e.key, slot)))
+                .or_else(|| have.index_of(&s.element_key(slot)));
+            let Some(i) = at else {
+                plan.add_element(s.table, &map.name, s.element(slot));
+                continue;
+            };
+            map.seen[i] = true;
+            let old = &elements[i];
+            if old.data != Some(Mapped::Endpoint(ep.addr, ep.port)) || old.userdata.is_some() {
+                plan.delete_element(s.table, &map.name, old.clone());
+                plan.add_element(s.table, &map.name, s.element(slot));
             }
         }
         true
