@@ -94,13 +94,8 @@ impl Footprint {
         }
         for s in &mut self.slots {
             if s.index.is_none() {
-                s.index = Some(
-                    s.endpoints
-                        .iter()
-                        .enumerate()
-                        .map(|(i, k)| (*k, i as u32))
-                        .collect(),
-                );
+                let index = s.endpoints.iter().enumerate();
+                s.index = Some(Box::new(index.map(|(i, k)| (*k, i as u32)).collect()));
             }
         }
     }
@@ -117,7 +112,7 @@ struct PlacedSlots {
     entry: Vec<u8>,
     endpoints: Vec<SlotKey>,
     /// Each endpoint's slot, kept for a large Service's entries.
-    index: Option<SlotIndex>,
+    index: Option<Box<SlotIndex>>,
 }
 
 /// Where each endpoint of an entry sits.
@@ -833,7 +828,7 @@ impl Footprints {
                     reread: &kernel,
                     old,
                 };
-                let (new, moved) = match (svc, &memo, &changes) {
+                let (new, mut moved) = match (svc, &memo, &changes) {
                     (Some(svc), Some(memo), Some(changes)) => {
                         let placement = PlacedByChange {
                             before,
@@ -857,7 +852,8 @@ impl Footprints {
                 };
                 if let (Some(svc), false) = (svc, new_applied == Footprint::default()) {
                     for s in &mut new_applied.slots {
-                        s.index = moved.iter().find(|m| m.holds(s)).map(|m| m.index.clone());
+                        let found = moved.iter_mut().find(|m| m.holds(s));
+                        s.index = found.map(|m| Box::new(std::mem::take(&mut m.index)));
                     }
                     new_applied.remember(memo, state, svc, config, family);
                 }
