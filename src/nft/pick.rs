@@ -35,9 +35,9 @@
 //! What this does not own: which endpoints an entry gets (`core::policy`), and
 //! which slot each takes (`slots`).
 
+use crate::core::endpoint_key::EndpointKey;
 use crate::core::net::{Family, Protocol};
 use crate::nft::build::{DISPATCH_KEY, NODEPORT_KEY};
-use crate::nft::slots::SlotKey;
 use crate::ruleset::{
     Chain, Element, Field, KeyType, KeyValue, MapData, Mapped, Rule, Set, Stmt, Verdict,
 };
@@ -281,7 +281,7 @@ pub struct EntrySlots {
     pub map: EndpointMap,
     /// The entry's key: the first fields of each element's key.
     pub entry: Vec<KeyValue>,
-    pub endpoints: Vec<SlotKey>,
+    pub endpoints: Vec<EndpointKey>,
 }
 
 impl EntrySlots {
@@ -290,7 +290,7 @@ impl EntrySlots {
         self.endpoints
             .iter()
             .enumerate()
-            .map(|(slot, SlotKey { addr, port })| Element {
+            .map(|(slot, EndpointKey { addr, port })| Element {
                 key: slot_key(&self.entry, slot as u32),
                 value: Some(Mapped::Endpoint(*addr, *port)),
                 comment: None,
