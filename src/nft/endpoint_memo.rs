@@ -50,7 +50,7 @@ pub struct EndpointMemo {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PortMemo {
-    merged: HashMap<SlotKey, Merged>,
+    merged: MergedEndpoints,
     tally: Tally,
     choice: Choice,
     /// The addresses of chosen endpoints that may be on this node, with how
@@ -79,6 +79,62 @@ impl PortMemo {
                 self.here.remove(&ep.addr);
             }
         }
+    }
+}
+
+/// A port's endpoints, merged: side by side in one vector (walked for the
+/// lists of every change), found by key through a map of positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct MergedEndpoints {
+    all: Vec<Merged>,
+    at: HashMap<SlotKey, u32>,
+}
+
+impl MergedEndpoints {
+    fn get(&self, key: &SlotKey) -> Option<&Merged> {
+        self.at.get(key).map(|i| &self.all[*i as usize])
+    }
+
+    fn get_mut(&mut self, key: &SlotKey) -> Option<&mut Merged> {
+        self.at.get(key).map(|i| &mut self.all[*i as usize])
+    }
+
+    fn insert(&mut self, m: Merged) {
+        match self.at.get(&m.ep.key()) {
+            Some(i) => self.all[*i as usize] = m,
+            None => {
+                self.at.insert(m.ep.key(), self.all.len() as u32);
+                self.all.push(m);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &SlotKey) {
+        let Some(i) = self.at.remove(key) else {
+            return;
+        };
+        self.all.swap_remove(i as usize);
+        if let Some(moved) = self.all.get(i as usize) {
+            self.at.insert(moved.ep.key(), i);
+        }
+    }
+
+    /// Another slice's version of an endpoint: one source more, and the more
+    /// ready version kept (`prefer`).
+    fn merge(&mut self, ep: PortEndpoint) {
+        match self.get_mut(&ep.key()) {
+            Some(m) => {
+                m.sources += 1;
+                if prefer(&ep, &m.ep) {
+                    m.ep = ep;
+                }
+            }
+            None => self.insert(Merged { ep, sources: 1 }),
+        }
+    }
+
+    fn values(&self) -> std::slice::Iter<'_, Merged> {
+        self.all.iter()
     }
 }
 
@@ -139,26 +195,18 @@ impl EndpointMemo {
             .ports
             .iter()
             .map(|port| {
-                let mut merged: HashMap<SlotKey, Merged> = HashMap::new();
+                let mut merged = MergedEndpoints::default();
                 let of_family = slices
                     .values()
                     .flat_map(|s| s.port_endpoints(port))
                     .filter(|e| Family::of(&e.addr) == family);
                 for ep in of_family {
-                    merged
-                        .entry(ep.key())
-                        .and_modify(|m| {
-                            m.sources += 1;
-                            if prefer(&ep, &m.ep) {
-                                m.ep = ep.clone();
-                            }
-                        })
-                        .or_insert(Merged { ep, sources: 1 });
+                    merged.merge(ep);
                 }
                 let tally = Tally::of(merged.values().map(|m| &m.ep), node);
                 let mut memo = PortMemo {
                     choice: tally.choice(svc, node),
-                    merged: HashMap::new(),
+                    merged: MergedEndpoints::default(),
                     tally,
                     here: BTreeMap::new(),
                 };
@@ -312,7 +360,7 @@ impl PortMemo {
                     match now {
                         Some(ep) => {
                             self.tally.add(&ep, node);
-                            self.merged.insert(key, Merged { ep, sources: t.now });
+                            self.merged.insert(Merged { ep, sources: t.now });
                         }
                         None => {
                             self.merged.remove(&key);
