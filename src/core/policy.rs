@@ -60,7 +60,6 @@ pub struct Tally {
     ready_for_this_node: u32,
     ready_for_this_zone: u32,
     ready_here: u32,
-    serving_terminating_here: u32,
 }
 
 impl Tally {
@@ -84,18 +83,14 @@ impl Tally {
     }
 
     fn count(&mut self, e: &PortEndpoint, node: Option<&NodeInfo>, step: fn(&mut u32)) {
-        let here = e.is_on(node);
         if e.conditions.serving_terminating() {
             step(&mut self.serving_terminating);
-            if here {
-                step(&mut self.serving_terminating_here);
-            }
         }
         if !e.conditions.ready {
             return;
         }
         step(&mut self.ready);
-        if here {
+        if e.is_on(node) {
             step(&mut self.ready_here);
         }
         if e.hints.for_nodes().is_empty() {
@@ -158,7 +153,7 @@ impl Hinted {
             (Hinted::Any, _) => true,
             (Hinted::SameNode, Some(n)) => e.hints.for_nodes().contains(&n.name),
             (Hinted::SameZone, Some(NodeInfo { zone: Some(z), .. })) => {
-                e.hints.for_zones().iter().any(|h| h == z)
+                e.hints.for_zones().contains(z)
             }
             _ => false,
         }

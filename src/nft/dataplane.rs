@@ -79,6 +79,12 @@ impl<K: NftKernel> NftDataplane<K> {
             reread.chains.insert((*table, chain.clone()), rules);
         }
         let (plan, change) = self.footprints.plan_partial(reread, changed, state, config);
+        if change.from_memo > 0 {
+            tracing::debug!(
+                from_memo = change.from_memo,
+                "large Services planned from the slices that changed"
+            );
+        }
         let committed = self.commit(plan)?;
         self.footprints.apply(change);
         Ok(committed)

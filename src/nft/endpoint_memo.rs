@@ -53,30 +53,32 @@ struct PortMemo {
     merged: MergedEndpoints,
     tally: Tally,
     choice: Choice,
-    /// The addresses of chosen endpoints that may be on this node, with how
-    /// many places (an endpoint in both lists, two ports of one address)
-    /// they have: the port's hairpin addresses.
-    here: BTreeMap<IpAddr, u32>,
+    here: HairpinPlaces,
 }
 
-impl PortMemo {
-    /// Counts `ep`'s places among the hairpin addresses in or out.
-    fn count_here(&mut self, ep: &PortEndpoint, node: Option<&NodeInfo>, add: bool) {
+/// The addresses of a port's chosen endpoints that may be on this node (its
+/// hairpin addresses), with how many places each has: an endpoint in both
+/// lists, or two ports of one address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct HairpinPlaces(BTreeMap<IpAddr, u32>);
+
+impl HairpinPlaces {
+    /// Counts `ep`'s places, as `choice` gives them, in or out.
+    fn count(&mut self, choice: &Choice, ep: &PortEndpoint, node: Option<&NodeInfo>, add: bool) {
         if !ep.may_be_on(node) {
             return;
         }
-        let places =
-            u32::from(self.choice.in_cluster(ep, node)) + u32::from(self.choice.in_local(ep, node));
+        let places = u32::from(choice.in_cluster(ep, node)) + u32::from(choice.in_local(ep, node));
         if places == 0 {
             return;
         }
-        let n = self.here.entry(ep.addr).or_insert(0);
+        let n = self.0.entry(ep.addr).or_insert(0);
         if add {
             *n += places;
         } else {
             *n -= places;
             if *n == 0 {
-                self.here.remove(&ep.addr);
+                self.0.remove(&ep.addr);
             }
         }
     }
@@ -196,25 +198,24 @@ impl EndpointMemo {
             .iter()
             .map(|port| {
                 let mut merged = MergedEndpoints::default();
-                let of_family = slices
+                for ep in slices
                     .values()
-                    .flat_map(|s| s.port_endpoints(port))
-                    .filter(|e| Family::of(&e.addr) == family);
-                for ep in of_family {
+                    .flat_map(|s| of_family(Some(s), port, family))
+                {
                     merged.merge(ep);
                 }
                 let tally = Tally::of(merged.values().map(|m| &m.ep), node);
-                let mut memo = PortMemo {
-                    choice: tally.choice(svc, node),
-                    merged: MergedEndpoints::default(),
-                    tally,
-                    here: BTreeMap::new(),
-                };
+                let choice = tally.choice(svc, node);
+                let mut here = HairpinPlaces::default();
                 for m in merged.values() {
-                    memo.count_here(&m.ep, node, true);
+                    here.count(&choice, &m.ep, node, true);
                 }
-                memo.merged = merged;
-                memo
+                PortMemo {
+                    merged,
+                    tally,
+                    choice,
+                    here,
+                }
             })
             .collect();
         Some(EndpointMemo {
@@ -255,7 +256,7 @@ impl EndpointMemo {
         let mut chosen = memo
             .choice
             .categorize(memo.merged.values().map(|m| &m.ep), self.node.as_ref());
-        chosen.here = Some(memo.here.keys().copied().collect());
+        chosen.here = Some(memo.here.0.keys().copied().collect());
         chosen
     }
 }
@@ -353,9 +354,8 @@ impl PortMemo {
                 }
                 (old, now) => {
                     if let Some(m) = old {
-                        let ep = m.ep.clone();
-                        self.count_here(&ep, node, false);
-                        self.tally.remove(&ep, node);
+                        self.here.count(&before, &m.ep, node, false);
+                        self.tally.remove(&m.ep, node);
                     }
                     match now {
                         Some(ep) => {
@@ -376,11 +376,11 @@ impl PortMemo {
         }
         let mut change = PortChange::default();
         for (key, was_cluster, was_local) in moved {
-            let now = self.merged.get(&key).map(|m| m.ep.clone());
-            if let Some(ep) = &now {
-                self.count_here(ep, node, true);
+            let now = self.merged.get(&key).map(|m| &m.ep);
+            if let Some(ep) = now {
+                self.here.count(&self.choice, ep, node, true);
             }
-            let (is_cluster, is_local) = now.as_ref().map_or((false, false), |ep| {
+            let (is_cluster, is_local) = now.map_or((false, false), |ep| {
                 (
                     self.choice.in_cluster(ep, node),
                     self.choice.in_local(ep, node),

@@ -44,7 +44,7 @@ pub struct Footprints {
 /// A partial sync's change to the footprints, applied once its plan commits.
 pub struct FootprintChange {
     /// How many of the Services (each family counted) were planned from
-    /// their memo, the rest recomputed whole (for the debug log and tests).
+    /// their memo, the rest recomputed whole.
     pub from_memo: usize,
     services: Vec<((ServiceKey, Family), Footprint)>,
     hairpin_refs: Vec<((Family, IpAddr), usize)>,
@@ -377,7 +377,7 @@ struct PlacedByChange<'a> {
 }
 
 /// An entry's slots after a change.
-pub struct MovedSlots {
+struct MovedSlots {
     table: TableId,
     kind: EntryKind,
     local: bool,
