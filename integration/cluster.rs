@@ -82,12 +82,13 @@ fn with_a_real_control_plane_a_service_cidr_added_at_run_time_is_served_and_guar
     const HELD: &str = "10.97.0.99:9376";
     let s = Serving::new("kcx", "kc8");
     let (c, cp) = (&s.c, &s.cp);
-    kube_nft::netns::ip_in(
+    kube_nft::testbed::netns::ip_in(
         &c.pod_ns("web-a"),
         &["addr", "add", "10.97.0.99/32", "dev", "eth0"],
     )
     .unwrap();
-    kube_nft::netns::ip_in(c.node(), &["route", "add", "10.97.0.99/32", "dev", BRIDGE]).unwrap();
+    kube_nft::testbed::netns::ip_in(c.node(), &["route", "add", "10.97.0.99/32", "dev", BRIDGE])
+        .unwrap();
     let _kube_nft = s.daemonset("kube-nft.log");
     wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
         answers(c.client(), &s.vip())
@@ -145,7 +146,7 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
     });
 
     let target: SocketAddr = vip.parse().unwrap();
-    let mut held = kube_nft::netns::in_netns(c.client(), move || {
+    let mut held = kube_nft::testbed::netns::in_netns(c.client(), move || {
         TcpStream::connect_timeout(&target, Duration::from_secs(2))
     })
     .unwrap()
@@ -442,7 +443,7 @@ fn load(
 ) -> std::thread::JoinHandle<Tally> {
     let (ns, target): (String, SocketAddr) = (ns.to_string(), target.parse().unwrap());
     std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&ns, move || {
+        kube_nft::testbed::netns::in_netns(&ns, move || {
             let mut all = Tally::default();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {

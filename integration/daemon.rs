@@ -152,7 +152,7 @@ fn a_long_lived_connection_survives_a_restart_that_writes_nothing() {
     c.apply(&web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]));
     let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
     // Open a connection through the VIP and leave it idle across the restart.
-    let mut conn = kube_nft::netns::in_netns(c.client(), move || {
+    let mut conn = kube_nft::testbed::netns::in_netns(c.client(), move || {
         TcpStream::connect_timeout(&vip, Duration::from_secs(2))
     })
     .unwrap()
@@ -544,9 +544,10 @@ fn a_health_port_held_by_another_process_is_served_once_it_is_free() {
     let c = Cluster::new("ports", &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let healthz = "127.0.0.1:10256";
-    let held = kube_nft::netns::in_netns(c.node(), move || std::net::TcpListener::bind(healthz))
-        .unwrap()
-        .expect("binding the port first");
+    let held =
+        kube_nft::testbed::netns::in_netns(c.node(), move || std::net::TcpListener::bind(healthz))
+            .unwrap()
+            .expect("binding the port first");
     let d = Daemon::start(
         c.node(),
         &manifests,
@@ -922,7 +923,7 @@ fn a_kube_proxy_daemonsets_flags_are_taken_ignored_or_refused_by_name() {
 /// `/proc/sys/net/netfilter/NAME` as the namespace `ns` sees it.
 fn netfilter_sysctl(ns: &str, name: &str) -> String {
     let path = format!("/proc/sys/net/netfilter/{name}");
-    kube_nft::netns::in_netns(ns, move || std::fs::read_to_string(path))
+    kube_nft::testbed::netns::in_netns(ns, move || std::fs::read_to_string(path))
         .unwrap()
         .unwrap()
         .trim()

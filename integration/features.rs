@@ -137,7 +137,7 @@ fn etp_local_manifests(a_node: &str, internal_local: bool) -> String {
 /// One health-check request: status code and JSON body.
 fn health(ns: &str, target: &str) -> (u16, serde_json::Value) {
     let target: SocketAddr = target.parse().unwrap();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         write!(s, "GET /healthz HTTP/1.0\r\n\r\n").unwrap();
@@ -254,7 +254,7 @@ fn external_traffic_policy_local_external_addresses_serve_pods_and_the_node_from
 
 fn answers_status(ns: &str, code: u16) -> bool {
     let target: SocketAddr = node_port(32100).parse().unwrap();
-    let r = kube_nft::netns::in_netns(ns, move || {
+    let r = kube_nft::testbed::netns::in_netns(ns, move || {
         TcpStream::connect_timeout(&target, Duration::from_millis(500)).is_ok()
     })
     .unwrap();
@@ -412,7 +412,7 @@ fn one_udp_flow(
     let client = client.to_string();
     let (tx, rx) = std::sync::mpsc::channel();
     let asker = std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&client, move || {
+        kube_nft::testbed::netns::in_netns(&client, move || {
             let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
             sock.connect(vip).unwrap();
             sock.set_read_timeout(Some(Duration::from_millis(100)))
@@ -915,7 +915,7 @@ fn ipv6_node_ports_answer_outside_and_pod_clients_over_tcp_and_udp() {
 #[test]
 fn explain_takes_the_packet_after_the_manifests_as_the_readme_writes_it() {
     require_root();
-    let ns = kube_nft::netns::Netns::create(&unique("xorder")).unwrap();
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("xorder")).unwrap();
     // Written out: the guest that runs these tests again has no source tree.
     let scratch = Scratch::new("xorder");
     let manifests = scratch.write("hostnames.yaml", kube_nft::lab::DEFAULT_MANIFESTS);
@@ -947,7 +947,7 @@ fn explain_takes_the_packet_after_the_manifests_as_the_readme_writes_it() {
 #[test]
 fn explain_names_the_missing_node_when_nodeports_have_no_address() {
     require_root();
-    let ns = kube_nft::netns::Netns::create(&unique("xnode")).unwrap();
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("xnode")).unwrap();
     let scratch = Scratch::new("xnode");
     let manifests = scratch.write(
         "np.yaml",
@@ -979,7 +979,7 @@ fn explain_names_the_missing_node_when_nodeports_have_no_address() {
 #[test]
 fn explain_from_the_kernel_refuses_what_kube_nft_did_not_write() {
     require_root();
-    let ns = kube_nft::netns::Netns::create(&unique("xkern")).unwrap();
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("xkern")).unwrap();
     let ask = || kube_nft_in(&ns.name, &["explain", "10.0.0.5", "10.0.1.175:80/tcp"]);
     let out = ask();
     assert!(!out.status.success());

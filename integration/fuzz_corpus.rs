@@ -10,7 +10,7 @@ fn replay(dir: &str) -> usize {
         .join("integration/fuzz")
         .join(dir);
     let mut replayed = 0;
-    for (target, body) in kube_nft::fuzzing::TARGETS {
+    for (target, body) in kube_nft::testbed::fuzzing::TARGETS {
         let Ok(entries) = std::fs::read_dir(root.join(target)) else {
             continue;
         };
@@ -28,7 +28,7 @@ fn replay(dir: &str) -> usize {
 #[test]
 fn every_seed_goes_through_its_target() {
     // Each of the seven targets has seeds.
-    for (target, _) in kube_nft::fuzzing::TARGETS {
+    for (target, _) in kube_nft::testbed::fuzzing::TARGETS {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("integration/fuzz/corpus")
             .join(target);

@@ -204,7 +204,7 @@ fn changes_go_out_service_by_service_and_a_restart_writes_nothing() {
 
     // A connection open across a restart over the same state keeps working,
     // and the new process writes nothing.
-    let mut held = kube_nft::netns::in_netns(c.client(), || {
+    let mut held = kube_nft::testbed::netns::in_netns(c.client(), || {
         std::net::TcpStream::connect("10.96.5.30:80".parse::<SocketAddr>().unwrap())
     })
     .unwrap()
@@ -319,7 +319,7 @@ fn nftables_masquerades_rejects_and_filters_beside_ipvs() {
     assert_refused_at_once(c.client(), "10.96.5.35:80");
     // Another port of a Service address is refused, even where the node listens:
     // the address is local (on kube-ipvs0), but not a way into the node.
-    let _listener = kube_nft::netns::in_netns(c.node(), || {
+    let _listener = kube_nft::testbed::netns::in_netns(c.node(), || {
         std::net::TcpListener::bind("0.0.0.0:8081").unwrap()
     })
     .unwrap();

@@ -79,7 +79,7 @@ fn lab_runs_a_users_manifests_with_udp_and_an_empty_service() {
 }
 
 fn netns_exists(name: &str) -> bool {
-    kube_nft::netns::netns_path(name).exists()
+    kube_nft::testbed::netns::netns_path(name).exists()
 }
 
 /// Fewer requests than pods: the lab fails, and its last line says why.

@@ -8,12 +8,12 @@ mod common;
 use common::*;
 use kube_nft::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
 use kube_nft::netlink::NftSocket;
-use kube_nft::netns::{in_netns, Netns};
 use kube_nft::nft::kernel;
 use kube_nft::nft::pick::EndpointMap;
+use kube_nft::ruleset::text;
 use kube_nft::ruleset::{Ruleset, Stmt};
 use kube_nft::source::files::parse;
-use kube_nft::text;
+use kube_nft::testbed::netns::{in_netns, Netns};
 use std::io::Write;
 use std::process::{Command, Stdio};
 

@@ -11,17 +11,18 @@
 mod common;
 
 use common::*;
-use kube_nft::synthetic::{add_service, endpoint, endpoint_addr, service_key, set_endpoints};
+use kube_nft::testbed::synthetic::{
+    add_service, endpoint, endpoint_addr, service_key, set_endpoints,
+};
 
 use kube_nft::core::endpoint_key::key_operations;
 use kube_nft::core::model::ClusterState;
 use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
-use kube_nft::dataplane::SyncKind;
+use kube_nft::engine::dataplane::SyncKind;
 use kube_nft::engine::{Engine, Proxy};
 use kube_nft::netlink::objects::{KernelElement, KernelTable};
 use kube_nft::netlink::{Batch, Committed, NftError, NftSocket};
-use kube_nft::netns::{in_netns, Netns};
 use kube_nft::nft::dataplane::NftDataplane;
 use kube_nft::nft::fake::FakeKernel;
 use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
@@ -29,6 +30,7 @@ use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPO
 use kube_nft::nft::translate::translate;
 use kube_nft::nft::view::{RuleView, TableView};
 use kube_nft::ruleset::{Field, Rule, Ruleset, Stmt, TableId};
+use kube_nft::testbed::netns::{in_netns, Netns};
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -535,7 +537,7 @@ fn a_change_in_a_large_service_costs_what_it_changes(h: &Harness<impl Kernel>) {
         }
         p.update(&service_key(0), |s| {
             s.services
-                .insert(service_key(0), kube_nft::synthetic::service(0));
+                .insert(service_key(0), kube_nft::testbed::synthetic::service(0));
             let addrs: Vec<_> = (0..n).map(|j| endpoint_addr(10_000 + j)).collect();
             set_endpoints(s, 0, &addrs)
         });
@@ -555,7 +557,9 @@ fn a_change_in_a_large_service_costs_what_it_changes(h: &Harness<impl Kernel>) {
             ("an endpoint removed", in_first_slice(|eps| drop(eps.pop()))),
             (
                 "an endpoint added",
-                in_first_slice(|eps| eps.push(kube_nft::synthetic::ready(endpoint_addr(900_001)))),
+                in_first_slice(|eps| {
+                    eps.push(kube_nft::testbed::synthetic::ready(endpoint_addr(900_001)))
+                }),
             ),
         ];
         changes

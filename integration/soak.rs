@@ -136,7 +136,7 @@ fn in_cluster<T: Send + 'static>(
     f: impl FnOnce(Client) -> futures_util::future::BoxFuture<'static, T> + Send + 'static,
 ) -> T {
     let kubeconfig = kubeconfig.to_path_buf();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -459,7 +459,7 @@ fn keep_asking(
 ) -> std::thread::JoinHandle<Vec<UdpFlow>> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&ns, move || {
+        kube_nft::testbed::netns::in_netns(&ns, move || {
             let socks: Vec<UdpSocket> = vips
                 .iter()
                 .map(|vip| {

@@ -6,12 +6,12 @@ mod common;
 use common::*;
 use kube_nft::core::node_config::NodeConfig;
 use kube_nft::netlink::{NftError, NftSocket};
-use kube_nft::netns::in_netns;
 use kube_nft::nft::kernel;
 use kube_nft::nft::names::CHAIN_SERVICES;
 use kube_nft::ruleset::Ruleset;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::parse;
+use kube_nft::testbed::netns::in_netns;
 
 fn desired(manifests: &str) -> Ruleset {
     let loaded = parse(manifests, "test.yaml").unwrap();
@@ -133,7 +133,7 @@ fn the_kernel_readback_decodes_every_object_we_wrote() {
 fn a_removal_is_seen_at_the_commit_after_which_the_address_is_unreachable_not_an_earlier_one() {
     use kube_nft::bench::reach::reaches;
     require_root();
-    let ns = kube_nft::netns::Netns::create(&unique("mondel")).unwrap();
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("mondel")).unwrap();
     let nft = |cmd: &str| exec_in(&ns.name, &["nft", cmd]);
     let gone = |addr: &str| {
         let (addr, ns) = (addr.parse().unwrap(), ns.name.clone());
@@ -196,7 +196,7 @@ fn a_removal_is_seen_at_the_commit_after_which_the_address_is_unreachable_not_an
 fn a_monitor_away_during_our_commits_hears_only_other_processes_commits() {
     use kube_nft::netlink::monitor::{Change, Monitor};
     require_root();
-    let ns = kube_nft::netns::Netns::create(&unique("away")).unwrap();
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("away")).unwrap();
     let web = desired(
         &(service("web", &["10.96.0.10"], &[tcp(80, 9376)])
             + &slice("web", "a", &[tcp(80, 9376)], &["10.244.0.11"])),

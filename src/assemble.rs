@@ -4,7 +4,7 @@
 //! names no dataplane.
 
 use crate::core::node_config::{NodeConfig, ProxyMode};
-use crate::dataplane::{Dataplane, SyncError};
+use crate::engine::dataplane::{Dataplane, SyncError};
 use crate::engine::{Engine, Proxy};
 use crate::ipvs::IpvsDataplane;
 use crate::nft::dataplane::NftDataplane;

@@ -2,14 +2,15 @@
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use ipnet::IpNet;
+use kube_nft::config;
 use kube_nft::core::node_config::{
     ModeName, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
 };
 use kube_nft::lab::{self, LabOptions};
 use kube_nft::netlink::NftSocket;
+use kube_nft::node::daemon;
+use kube_nft::ruleset::text;
 use kube_nft::source::files;
-use kube_nft::text;
-use kube_nft::{config, daemon};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -443,7 +444,7 @@ fn main() -> ExitCode {
     let matches = command.clone().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let reexec_failed = match &cli.command {
-        Command::Run(_) => kube_nft::malloc_arena::reexec_with_one_arena(),
+        Command::Run(_) => kube_nft::node::malloc_arena::reexec_with_one_arena(),
         _ => None,
     };
     init_logging(match &cli.command {
@@ -532,7 +533,7 @@ fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String>
     }
     let settings = config::resolve(&flags)?;
     if args.init_only == Some(true) {
-        kube_nft::conntrack_sysctls::settle(&settings.conntrack)?;
+        kube_nft::node::conntrack_sysctls::settle(&settings.conntrack)?;
         return Ok(true);
     }
     daemon::run(settings, flags_given, args.once).map(|_| true)
@@ -540,7 +541,7 @@ fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String>
 
 fn cleanup_kube_proxy() -> Result<bool, String> {
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
-    let removed = kube_nft::kube_proxy_leftovers::remove(&mut sock)?;
+    let removed = kube_nft::node::kube_proxy_leftovers::remove(&mut sock)?;
     if removed.nftables.is_empty() {
         tracing::info!("no kube-proxy nftables or iptables-nft rules here");
     }
@@ -591,7 +592,7 @@ fn packet_after_manifests(
 }
 
 fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, String> {
-    use kube_nft::explain;
+    use kube_nft::tools::explain;
     let packet: explain::Packet = format!("{src} {dst}").parse()?;
     let local = kube_nft::netlink::route::local_addresses()
         .map_err(|e| format!("reading this node's addresses: {e}"))?;
@@ -623,7 +624,7 @@ fn explain(proxy: &ProxyArgs, src: std::net::IpAddr, dst: &str) -> Result<bool, 
 }
 
 fn top(limit: Option<usize>) -> Result<bool, String> {
-    use kube_nft::top;
+    use kube_nft::tools::top;
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
     match top::read(&mut sock).map_err(|e| e.to_string())? {
         Some(mut rows) => {
@@ -640,7 +641,7 @@ fn top(limit: Option<usize>) -> Result<bool, String> {
 
 fn serve(netns: Option<&str>, name: &str, ports: &[u16]) -> Result<(), String> {
     if let Some(ns) = netns {
-        kube_nft::netns::enter(ns).map_err(|e| e.to_string())?;
+        kube_nft::testbed::netns::enter(ns).map_err(|e| e.to_string())?;
     }
     let server =
         lab::hostname_server::HostnameServer::bind(name, ports).map_err(|e| e.to_string())?;

@@ -245,7 +245,7 @@ pub struct Tally {
 /// Sends `n` requests (new connection or flow each) to `target` from namespace `ns`.
 pub fn tally(ns: &str, target: &str, n: usize, udp_proto: bool) -> Tally {
     let target: SocketAddr = target.parse().unwrap();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let mut t = Tally::default();
         for _ in 0..n {
             let r = if udp_proto {
@@ -270,7 +270,7 @@ pub fn connect_error(
     timeout: Duration,
 ) -> (Option<std::io::ErrorKind>, Duration) {
     let target: SocketAddr = target.parse().unwrap();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let start = std::time::Instant::now();
         let r = std::net::TcpStream::connect_timeout(&target, timeout);
         (r.err().map(|e| e.kind()), start.elapsed())
@@ -453,7 +453,7 @@ pub fn http_status(ns: &str, addr: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let addr: SocketAddr = addr.parse().unwrap();
     let path = path.to_string();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
         conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
@@ -511,7 +511,7 @@ pub fn keep_connecting(
 ) -> std::thread::JoinHandle<(usize, Vec<String>)> {
     let (ns, target) = (ns.to_string(), target.parse().unwrap());
     std::thread::spawn(move || {
-        kube_nft::netns::in_netns(&ns, move || {
+        kube_nft::testbed::netns::in_netns(&ns, move || {
             let (mut answered, mut failed) = (0, Vec::new());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {

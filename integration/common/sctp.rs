@@ -83,7 +83,7 @@ pub struct Capture(OwnedFd);
 
 impl Capture {
     pub fn open(ns: &str) -> Capture {
-        let fd = kube_nft::netns::in_netns(ns, raw_socket)
+        let fd = kube_nft::testbed::netns::in_netns(ns, raw_socket)
             .unwrap()
             .expect("a raw SCTP socket");
         Capture(fd)
@@ -114,7 +114,7 @@ impl Capture {
 /// Sends one INIT from `ns` to `target` per tag, each from its own source port
 /// (so each opens its own conntrack entry and meets the Service's choice anew).
 pub fn send_inits(ns: &str, target: SocketAddrV4, tags: Vec<u32>) {
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         let fd = raw_socket()?;
         for tag in tags {
             let src_port = 20_000 + (tag % 40_000) as u16;

@@ -61,7 +61,7 @@ pub fn assert_dropped(ns: &str, target: &str) {
 /// The client address the pod saw for one request from `ns` (`GET /client`).
 pub fn client_address_seen(ns: &str, target: &str) -> String {
     let target: SocketAddr = target.parse().unwrap();
-    kube_nft::netns::in_netns(ns, move || {
+    kube_nft::testbed::netns::in_netns(ns, move || {
         http_get_path(target, "/client", Duration::from_secs(2))
     })
     .unwrap()

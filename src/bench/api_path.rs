@@ -11,8 +11,8 @@
 //! target reference per endpoint). Their pods are spread over 100 nodes.
 
 use super::apiserver::{ApiServer, Kind};
-use crate::netns::Netns;
-use crate::synthetic::{endpoint_addr, node_of, vip, THIS_NODE};
+use crate::testbed::netns::Netns;
+use crate::testbed::synthetic::{endpoint_addr, node_of, vip, THIS_NODE};
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};

@@ -151,7 +151,8 @@ impl ApiServer {
     }
 
     fn serve_in(netns: &str, state: State) -> std::io::Result<ApiServer> {
-        let listener = crate::netns::in_netns(netns, || TcpListener::bind("127.0.0.1:0"))??;
+        let listener =
+            crate::testbed::netns::in_netns(netns, || TcpListener::bind("127.0.0.1:0"))??;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(state));
         // The listener holds the objects weakly: dropped with the server, they

@@ -10,10 +10,10 @@ use super::median;
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
 use crate::lab::topology::Topology;
-use crate::netns::{in_netns, sysctl_in};
 use crate::nft::names::shard_of;
 use crate::ruleset::TableId;
-use crate::synthetic::{self, service_key, vip};
+use crate::testbed::netns::{in_netns, sysctl_in};
+use crate::testbed::synthetic::{self, service_key, vip};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -50,7 +50,7 @@ impl EchoServer {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns = netns.to_string();
         let thread = std::thread::spawn(move || {
-            let listener = crate::netns::enter(&ns).and_then(|_| listen(BACKEND_PORT));
+            let listener = crate::testbed::netns::enter(&ns).and_then(|_| listen(BACKEND_PORT));
             let listener = match listener {
                 Ok(l) => {
                     let _ = tx.send(Ok(()));
@@ -238,7 +238,7 @@ pub fn per_service_layout(state: &ClusterState) -> String {
         .tables
         .iter()
         .filter(|t| t.id().shard.is_none())
-        .map(crate::text::table)
+        .map(crate::ruleset::text::table)
         .collect();
     let mut shards: BTreeMap<u16, (String, Vec<String>)> = BTreeMap::new();
     for (i, (key, svc)) in state.services.iter().enumerate() {

@@ -44,7 +44,7 @@ pub fn put_all(etcd: &Etcd, kvs: Vec<(String, Vec<u8>)>) -> Result<(), String> {
             let (etcd, kvs, next) = (etcd.clone(), kvs.clone(), next.clone());
             std::thread::spawn(move || -> Result<(), String> {
                 if let Some(ns) = &etcd.netns {
-                    crate::netns::enter(ns).map_err(|e| e.to_string())?;
+                    crate::testbed::netns::enter(ns).map_err(|e| e.to_string())?;
                 }
                 let mut conn = Conn::open(etcd.addr)?;
                 loop {
@@ -93,7 +93,7 @@ pub fn count(etcd: &Etcd, prefix: &str) -> Result<u64, String> {
             .unwrap_or(0))
     };
     match etcd.netns.clone() {
-        Some(ns) => crate::netns::in_netns(&ns, ask).map_err(|e| e.to_string())?,
+        Some(ns) => crate::testbed::netns::in_netns(&ns, ask).map_err(|e| e.to_string())?,
         None => ask(),
     }
 }

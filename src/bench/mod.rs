@@ -26,9 +26,9 @@ pub mod versus;
 use crate::core::model::{ClusterState, Endpoint, ServiceKey};
 use crate::core::node_config::NodeConfig;
 use crate::engine::Proxy;
-use crate::netns::{in_netns, Netns};
 use crate::nft::translate::translate;
-use crate::synthetic;
+use crate::testbed::netns::{in_netns, Netns};
+use crate::testbed::synthetic;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
@@ -77,7 +77,7 @@ pub fn child_sync(
     endpoints: usize,
     counters: bool,
 ) -> Result<(), String> {
-    crate::netns::enter(netns).map_err(|e| e.to_string())?;
+    crate::testbed::netns::enter(netns).map_err(|e| e.to_string())?;
     let config = NodeConfig {
         counters,
         ..synthetic::node_config()
@@ -90,7 +90,7 @@ pub fn child_sync(
         r.duration.as_secs_f64() * 1000.0,
         r.committed.messages,
         r.committed.bytes,
-        crate::metrics::peak_rss_kib(),
+        crate::node::metrics::peak_rss_kib(),
         r.committed.kernel.as_secs_f64() * 1000.0,
     );
     Ok(())
@@ -261,7 +261,8 @@ pub fn control_plane(
     let dir = std::env::temp_dir().join(format!("{}-files", opts.prefix));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let ours = dir.join("ruleset.nft");
-    let script = crate::text::replace_script(&translate(&state, &synthetic::node_config()).tables);
+    let script =
+        crate::ruleset::text::replace_script(&translate(&state, &synthetic::node_config()).tables);
     std::fs::File::create(&ours)
         .and_then(|mut f| f.write_all(script.as_bytes()))
         .map_err(|e| e.to_string())?;

@@ -6,7 +6,7 @@
 //! shape of the same Services.
 
 use super::nft;
-use crate::netns::Netns;
+use crate::testbed::netns::Netns;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -30,7 +30,7 @@ pub use super::etcd_load::Etcd;
 use super::reach::reaches;
 use super::{median, nft};
 use crate::netlink::monitor::Monitor;
-use crate::synthetic::endpoint_addr;
+use crate::testbed::synthetic::endpoint_addr;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -549,7 +549,7 @@ fn bare_node() -> Result<(), String> {
 }
 
 fn peak_rss_mib(child: &Child) -> f64 {
-    crate::metrics::peak_rss_kib_of(&child.id().to_string()) as f64 / 1024.0
+    crate::node::metrics::peak_rss_kib_of(&child.id().to_string()) as f64 / 1024.0
 }
 
 fn measure(

@@ -7,7 +7,6 @@
 //! at its zero value (kubeadm writes them all), and anything else, including a
 //! misspelt field, stops the start with a message naming the field.
 
-use crate::conntrack_sysctls::ConntrackSettings;
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
     IpvsSettings, ModeName, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
@@ -133,6 +132,56 @@ pub struct ConntrackFlags {
     /// Idle timeout of answered UDP flows (default 0: leave it).
     #[arg(long = "conntrack-udp-timeout-stream", value_parser = parse_duration, value_name = "DURATION")]
     pub udp_stream_timeout: Option<Duration>,
+}
+
+/// kube-proxy caps the scaled maximum here, whatever `min` says.
+const MAX_LIMIT: u32 = 1 << 20;
+
+/// The conntrack sysctls to set at start (`node::conntrack_sysctls` sets them),
+/// from the `--conntrack-*` flags over the file's `conntrack` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConntrackSettings {
+    /// Entries per CPU; 0 leaves `nf_conntrack_max` (and `min`) alone.
+    pub max_per_core: u32,
+    /// The least `nf_conntrack_max`, whatever the CPU count.
+    pub min: u32,
+    /// Each timeout: zero leaves the kernel's value.
+    pub tcp_established_timeout: Duration,
+    pub tcp_close_wait_timeout: Duration,
+    /// Set to 1 when true; never written back to 0.
+    pub tcp_be_liberal: bool,
+    pub udp_timeout: Duration,
+    pub udp_stream_timeout: Duration,
+}
+
+/// kube-proxy's defaults (`pkg/proxy/apis/config/v1alpha1/defaults.go`).
+impl Default for ConntrackSettings {
+    fn default() -> Self {
+        ConntrackSettings {
+            max_per_core: 32 * 1024,
+            min: 128 * 1024,
+            tcp_established_timeout: Duration::from_secs(24 * 3600),
+            tcp_close_wait_timeout: Duration::from_secs(3600),
+            tcp_be_liberal: false,
+            udp_timeout: Duration::ZERO,
+            udp_stream_timeout: Duration::ZERO,
+        }
+    }
+}
+
+impl ConntrackSettings {
+    /// `nf_conntrack_max` for this many CPUs, or `None` to leave it.
+    pub fn max(&self, cpus: u32) -> Option<u32> {
+        if self.max_per_core == 0 {
+            return None;
+        }
+        let scaled = u64::from(self.max_per_core) * u64::from(cpus);
+        Some(if scaled > u64::from(MAX_LIMIT) {
+            MAX_LIMIT
+        } else {
+            (scaled as u32).max(self.min)
+        })
+    }
 }
 
 /// `detectLocalMode`: what makes traffic "from a pod" (not masqueraded, and

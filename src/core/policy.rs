@@ -482,7 +482,7 @@ mod tests {
     }
 
     fn service(policy: Policy) -> Service {
-        let mut svc = crate::synthetic::service(1);
+        let mut svc = crate::testbed::synthetic::service(1);
         match policy {
             Policy::Cluster => {}
             Policy::InternalLocal => svc.internal_policy_local = true,

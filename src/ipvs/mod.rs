@@ -20,7 +20,7 @@ mod tests;
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
 use crate::core::node_config::{IpvsSettings, NodeConfig};
-use crate::dataplane::{Dataplane, SyncError, Written};
+use crate::engine::dataplane::{Dataplane, SyncError, Written};
 use crate::netlink::ipvs::{Command, IpvsError, IpvsSocket, VirtualKey};
 use crate::netlink::route::{self, RouteError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

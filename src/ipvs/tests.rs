@@ -7,16 +7,16 @@ use super::IpvsDataplane;
 use crate::core::model::ServiceKey;
 use crate::core::net::Protocol;
 use crate::core::node_config::{IpvsSettings, NodeConfig, ProxyMode};
-use crate::dataplane::SyncKind;
+use crate::engine::dataplane::SyncKind;
 use crate::engine::{Engine, Proxy, SyncReport};
 use crate::netlink::ipvs::{Command, RealServer, VirtualKey, VirtualService};
-use crate::synthetic::{add_service, endpoint, service_key, set_endpoints, vip};
+use crate::testbed::synthetic::{add_service, endpoint, service_key, set_endpoints, vip};
 use std::net::IpAddr;
 
 fn config() -> NodeConfig {
     NodeConfig {
         mode: ProxyMode::Ipvs(IpvsSettings::default()),
-        ..crate::synthetic::node_config()
+        ..crate::testbed::synthetic::node_config()
     }
 }
 

@@ -37,7 +37,7 @@ impl HostnameServer {
     /// Binds inside the named namespace; the serving threads stay there.
     pub fn bind_in(netns: &str, name: &str, ports: &[u16]) -> io::Result<HostnameServer> {
         let (name, ports) = (name.to_string(), ports.to_vec());
-        crate::netns::in_netns(netns, move || HostnameServer::bind(&name, &ports))?
+        crate::testbed::netns::in_netns(netns, move || HostnameServer::bind(&name, &ports))?
     }
 
     /// Serves until the process ends.
@@ -84,7 +84,7 @@ fn answer_http(mut conn: TcpStream, name: &str, peer: SocketAddr) -> io::Result<
     conn.set_nonblocking(false)?;
     // Long enough for a test to hold a connection open across a proxy restart.
     conn.set_read_timeout(Some(Duration::from_secs(20)))?;
-    let req = crate::http::read_request_head(&mut conn, 16 * 1024);
+    let req = crate::node::http::read_request_head(&mut conn, 16 * 1024);
     let body = if req.starts_with(b"GET /client ") {
         format!("{}\n", peer.ip().to_canonical())
     } else {

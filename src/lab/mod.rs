@@ -169,7 +169,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     let state = validated.state.clone();
     let config = opts.config.clone();
     let (ruleset, report, matches) =
-        crate::netns::in_netns(&topo.node.name, move || -> Result<_, String> {
+        crate::testbed::netns::in_netns(&topo.node.name, move || -> Result<_, String> {
             let mut proxy = crate::assemble::proxy(config.clone()).map_err(|e| e.to_string())?;
             proxy.replace_state(state);
             let report = proxy.sync().map_err(|e| e.to_string())?;
@@ -234,7 +234,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
         }
     }
     let requests = opts.requests;
-    let results = crate::netns::in_netns(&topo.client.name, move || {
+    let results = crate::testbed::netns::in_netns(&topo.client.name, move || {
         let mut results = results;
         for r in &mut results {
             for i in 1..=requests {
@@ -358,7 +358,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
                 println!(
                     "# (nft is not installed; this is kube-nft's rendering of what it programmed)"
                 );
-                print!("{}", crate::text::table(table));
+                print!("{}", crate::ruleset::text::table(table));
             }
         }
     }
@@ -368,7 +368,7 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
             "\n# IPVS   (in {}; as `ipvsadm -Ln` lists it)",
             topo.node.name
         );
-        let listing = crate::netns::in_netns(&topo.node.name, crate::ipvs::listing)?;
+        let listing = crate::testbed::netns::in_netns(&topo.node.name, crate::ipvs::listing)?;
         print!("{}", listing.map_err(|e| e.to_string())?);
     }
 

@@ -8,7 +8,7 @@
 //! proxy does not DNAT still reaches the filter-forward hook (as on a real node).
 //! Bridge ports are in hairpin mode, as CNIs set them (see `add_pod`).
 
-use crate::netns::{ip_in, sysctl_in, Netns};
+use crate::testbed::netns::{ip_in, sysctl_in, Netns};
 use std::io;
 use std::net::IpAddr;
 

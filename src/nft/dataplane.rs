@@ -4,7 +4,7 @@
 
 use crate::core::model::{ClusterState, ServiceKey};
 use crate::core::node_config::NodeConfig;
-use crate::dataplane::{Dataplane, SyncError, Written};
+use crate::engine::dataplane::{Dataplane, SyncError, Written};
 use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;

@@ -131,7 +131,7 @@ pub fn lift_rule(family: Family, k: &KernelRule) -> Result<Rule, LiftError> {
     if !again.same_as(k) {
         return Err(LiftError(format!(
             "reads as `{}` but is not what that lowers to",
-            crate::text::rule(family, &rule)
+            crate::ruleset::text::rule(family, &rule)
         )));
     }
     Ok(rule)

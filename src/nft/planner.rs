@@ -1148,7 +1148,7 @@ fn diff_service_elements(
 mod tests {
     use super::*;
     use crate::core::model::{Conditions, Hints};
-    use crate::synthetic;
+    use crate::testbed::synthetic;
 
     /// The footprints without what only speeds a partial sync up.
     fn forgetful(f: &Footprints) -> Footprints {

@@ -774,7 +774,7 @@ mod template_tests {
             skeleton(Family::Ip, &config),
             service_table_skeleton(TableId::shard(Family::Ip, 0)),
         ];
-        let text: String = tables.iter().map(crate::text::table).collect();
+        let text: String = tables.iter().map(crate::ruleset::text::table).collect();
         assert_eq!(text, body.trim_start());
     }
 }

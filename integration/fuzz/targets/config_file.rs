@@ -1,5 +1,5 @@
-//! Fuzz target `config_file`: its body is `kube_nft::fuzzing::config_file`, which
+//! Fuzz target `config_file`: its body is `kube_nft::testbed::fuzzing::config_file`, which
 //! `integration/fuzz_corpus.rs` also replays over the corpus and past findings.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::fuzzing::config_file(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::testbed::fuzzing::config_file(data));

@@ -1,5 +1,5 @@
-//! Fuzz target `conntrack`: its body is `kube_nft::fuzzing::conntrack`, which
+//! Fuzz target `conntrack`: its body is `kube_nft::testbed::fuzzing::conntrack`, which
 //! `integration/fuzz_corpus.rs` also replays over the corpus and past findings.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::fuzzing::conntrack(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::testbed::fuzzing::conntrack(data));

@@ -1,5 +1,5 @@
-//! Fuzz target `manifests`: its body is `kube_nft::fuzzing::manifests`, which
+//! Fuzz target `manifests`: its body is `kube_nft::testbed::fuzzing::manifests`, which
 //! `integration/fuzz_corpus.rs` also replays over the corpus and past findings.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::fuzzing::manifests(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::testbed::fuzzing::manifests(data));

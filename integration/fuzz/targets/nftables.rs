@@ -1,5 +1,5 @@
-//! Fuzz target `nftables`: its body is `kube_nft::fuzzing::nftables`, which
+//! Fuzz target `nftables`: its body is `kube_nft::testbed::fuzzing::nftables`, which
 //! `integration/fuzz_corpus.rs` also replays over the corpus and past findings.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::fuzzing::nftables(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::testbed::fuzzing::nftables(data));

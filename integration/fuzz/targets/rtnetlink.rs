@@ -1,5 +1,5 @@
-//! Fuzz target `rtnetlink`: its body is `kube_nft::fuzzing::rtnetlink`, which
+//! Fuzz target `rtnetlink`: its body is `kube_nft::testbed::fuzzing::rtnetlink`, which
 //! `integration/fuzz_corpus.rs` also replays over the corpus and past findings.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::fuzzing::rtnetlink(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kube_nft::testbed::fuzzing::rtnetlink(data));

@@ -20,7 +20,7 @@ use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::port_endpoints;
-use crate::dataplane::SyncKind;
+use crate::engine::dataplane::SyncKind;
 use crate::engine::SyncReport;
 use crate::netlink::conntrack::{ConntrackError, ConntrackSocket, Flow};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -205,7 +205,7 @@ mod tests {
     }
 
     fn udp_state(endpoints: &[(usize, &[&str])]) -> ClusterState {
-        use crate::synthetic::{service, service_key, slice};
+        use crate::testbed::synthetic::{service, service_key, slice};
         let mut state = ClusterState::default();
         for (i, addrs) in endpoints {
             let mut svc = service(*i);
@@ -231,7 +231,7 @@ mod tests {
             services: recomputed.len(),
             recomputed: recomputed
                 .iter()
-                .map(|i| crate::synthetic::service_key(*i))
+                .map(|i| crate::testbed::synthetic::service_key(*i))
                 .collect(),
             committed: crate::netlink::Committed::default(),
             written: Vec::new(),
@@ -262,7 +262,7 @@ mod tests {
         let one: &[&str] = &["10.128.0.1"];
         let two: &[&str] = &["10.128.0.1", "10.128.0.2"];
         let state = udp_state(&[(1, one), (2, one)]);
-        let vip = |i: usize| crate::synthetic::vip(i).to_string();
+        let vip = |i: usize| crate::testbed::synthetic::vip(i).to_string();
         // The first (full) sync checks every UDP Service.
         assert_eq!(
             cleanup(&mut c, &state, &report(SyncKind::Full, &[])),

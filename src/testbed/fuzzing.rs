@@ -125,7 +125,7 @@ pub fn manifests(data: &[u8]) {
             ..NodeConfig::default()
         };
         let (ruleset, _) = crate::nft::translate::desired(&loaded.objects, Some("node-a"), &config);
-        let _ = crate::text::replace_script(&ruleset.tables);
+        let _ = crate::ruleset::text::replace_script(&ruleset.tables);
     }
 }
 

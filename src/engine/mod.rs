@@ -14,11 +14,16 @@
 //! The engine does not own the model: the daemon's source store does, and
 //! `Proxy` pairs a model edited in place with an engine for the one-shot
 //! commands, the lab, the benchmarks and tests.
+//!
+//! `dataplane` is the seam every dataplane implements; the engine names none of
+//! them (`assemble`, above both, does).
+
+pub mod dataplane;
 
 use crate::core::model::{ClusterState, ServiceKey};
 use crate::core::node_config::NodeConfig;
-use crate::dataplane::{Dataplane, SyncError, SyncKind, Written};
 use crate::netlink::Committed;
+use dataplane::{Dataplane, SyncError, SyncKind, Written};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

@@ -13,19 +13,19 @@ use crate::core::convert::log_rejected;
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
 use crate::core::node_config::{NodeConfig, NodePortAddresses};
-use crate::dataplane::SyncKind;
+use crate::engine::dataplane::SyncKind;
 use crate::engine::{Engine, SyncReport};
-use crate::healthcheck::{self, HealthServers};
-use crate::metrics::Metrics;
-use crate::metrics_server::MetricsServer;
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
-use crate::proxy_health::{node_eligible, ProxyHealth};
+use crate::node::healthcheck::{self, HealthServers};
+use crate::node::metrics::Metrics;
+use crate::node::metrics_server::MetricsServer;
+use crate::node::proxy_health::{node_eligible, ProxyHealth};
+use crate::node::stale_flows::StaleFlowCleaner;
 use crate::ruleset::TableId;
 use crate::source::files::{self, ManifestStore};
 use crate::source::store::ClusterStore;
 use crate::source::{kubernetes, Update};
-use crate::stale_flows::StaleFlowCleaner;
 use ipnet::IpNet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -127,7 +127,7 @@ fn start_servers(
 ) {
     if let Some(addr) = settings.healthz_bind_address {
         let (h, m) = (health.clone(), metrics.clone());
-        crate::http::serve_when_free("healthz (/healthz, /livez)", addr, move |path| {
+        crate::node::http::serve_when_free("healthz (/healthz, /livez)", addr, move |path| {
             let answer = h.respond(path);
             m.health_answered(path, answer.status);
             answer
@@ -135,7 +135,7 @@ fn start_servers(
     }
     if let Some(addr) = settings.metrics_bind_address {
         let server = MetricsServer::new(settings, flags, metrics.clone());
-        crate::http::serve_when_free(
+        crate::node::http::serve_when_free(
             "metrics (/metrics, /healthz, /proxyMode, /configz, /flagz, /statusz)",
             addr,
             move |path| server.respond(path),
@@ -306,7 +306,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     }
     // Before anything listens, as kube-proxy: a node that cannot hold the
     // connections asked for should not look healthy.
-    crate::conntrack_sysctls::settle(&settings.conntrack)?;
+    crate::node::conntrack_sysctls::settle(&settings.conntrack)?;
     let mut engine = crate::assemble::engine(settings.node.clone()).map_err(|e| e.to_string())?;
     let mut store = ClusterStore::new(&settings.node_name);
     let node_settings = NodeSettings {
@@ -396,7 +396,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         if ready && !was_ready {
             tracing::info!(
                 services = store.state().services.len(),
-                peak_rss_kib = crate::metrics::peak_rss_kib(),
+                peak_rss_kib = crate::node::metrics::peak_rss_kib(),
                 "every kind listed; programming"
             );
             was_ready = true;
@@ -441,7 +441,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     backoff = Duration::from_secs(1);
                     if once {
                         tracing::info!(
-                            peak_rss_kib = crate::metrics::peak_rss_kib(),
+                            peak_rss_kib = crate::node::metrics::peak_rss_kib(),
                             "synced once; exiting"
                         );
                         return Ok(());

@@ -1,10 +1,12 @@
 //! The nftables objects kube-nft programs: tables, chains, rules, sets and elements.
 //!
 //! This is the vocabulary shared by `nft::translate` (which builds it), `nft::lower`
-//! (which turns it into kernel objects), `text` (which prints it as `nft -f` input)
+//! (which turns it into kernel objects), `text` (its submodule, which prints it as `nft -f` input)
 //! and `explain` (which walks it). It speaks at the level a reader of
 //! `nft list ruleset` thinks in (`ip daddr @cluster-ips`, `dnat to A:P`); how each
 //! statement becomes kernel bytecode is `nft::lower`'s business, not this one's.
+
+pub mod text;
 
 use crate::core::net::{Family, Protocol};
 use ipnet::IpNet;

@@ -175,7 +175,7 @@ fn serve(shared: &Mutex<Shared>, stop: &AtomicBool) {
 fn answer_once(mut conn: TcpStream, answer: &str) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    crate::http::read_request_head(&mut conn, 8192);
+    crate::node::http::read_request_head(&mut conn, 8192);
     let _ = conn.write_all(answer.as_bytes());
 }
 

@@ -9,11 +9,11 @@
 
 use crate::core::net::{Family, Protocol};
 use crate::nft::names::{MAP_NO_ENDPOINT_NODEPORTS, MAP_NO_ENDPOINT_SERVICES};
+use crate::ruleset::text;
 use crate::ruleset::Ruleset;
 use crate::ruleset::{
     Chain, ChainType, Direction, Element, Field, Hook, KeyValue, Mapped, Rule, Stmt, Table, Verdict,
 };
-use crate::text;
 use std::fmt::{self, Write};
 use std::net::IpAddr;
 

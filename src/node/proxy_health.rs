@@ -9,7 +9,7 @@
 //! kube-proxy's fields.
 
 use crate::core::model::NodeInfo;
-use crate::http::Response;
+use crate::node::http::Response;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 

@@ -7,7 +7,7 @@
 use crate::core::model::{ClusterState, Rejected};
 use crate::core::net::Family as IpFamily;
 use crate::core::policy::{categorize, port_endpoints};
-use crate::dataplane::SyncKind;
+use crate::engine::dataplane::SyncKind;
 use crate::engine::SyncReport;
 use crate::netlink::monitor::Change;
 use prometheus_client::encoding::text::encode;
@@ -445,13 +445,13 @@ mod tests {
     /// cleanup have happened.
     #[test]
     fn kube_proxy_names_carry_its_labels() {
-        use crate::synthetic::{node_config, state};
+        use crate::testbed::synthetic::{node_config, state};
         let m = Metrics::new();
         let mut st = state(3, 6);
         // Service 1: externalTrafficPolicy Local on a NodePort, its endpoints on other nodes.
         let svc = st
             .services
-            .get_mut(&crate::synthetic::service_key(1))
+            .get_mut(&crate::testbed::synthetic::service_key(1))
             .unwrap();
         svc.ports[0].node_port = Some(30001);
         svc.external_policy_local = true;

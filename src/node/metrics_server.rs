@@ -8,8 +8,8 @@
 
 use crate::config::{go_duration, DetectLocal, Settings, Source, API_VERSION};
 use crate::core::node_config::{NodePortAddresses, ProxyMode};
-use crate::http::Response;
-use crate::metrics::Metrics;
+use crate::node::http::Response;
+use crate::node::metrics::Metrics;
 use std::sync::Arc;
 use std::time::SystemTime;
 

@@ -9,41 +9,9 @@
 //! namespace (outside the host's they read 0444); the timeouts and
 //! `tcp_be_liberal` belong to the namespace that writes them.
 
+use crate::config::ConntrackSettings;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// kube-proxy caps the scaled maximum here, whatever `min` says.
-const MAX_LIMIT: u32 = 1 << 20;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConntrackSettings {
-    /// Entries per CPU; 0 leaves `nf_conntrack_max` (and `min`) alone.
-    pub max_per_core: u32,
-    /// The least `nf_conntrack_max`, whatever the CPU count.
-    pub min: u32,
-    /// Each timeout: zero leaves the kernel's value.
-    pub tcp_established_timeout: Duration,
-    pub tcp_close_wait_timeout: Duration,
-    /// Set to 1 when true; never written back to 0.
-    pub tcp_be_liberal: bool,
-    pub udp_timeout: Duration,
-    pub udp_stream_timeout: Duration,
-}
-
-/// kube-proxy's defaults (`pkg/proxy/apis/config/v1alpha1/defaults.go`).
-impl Default for ConntrackSettings {
-    fn default() -> Self {
-        ConntrackSettings {
-            max_per_core: 32 * 1024,
-            min: 128 * 1024,
-            tcp_established_timeout: Duration::from_secs(24 * 3600),
-            tcp_close_wait_timeout: Duration::from_secs(3600),
-            tcp_be_liberal: false,
-            udp_timeout: Duration::ZERO,
-            udp_stream_timeout: Duration::ZERO,
-        }
-    }
-}
 
 /// Where the values live: the real paths, or a directory standing in for them.
 #[derive(Debug, Clone)]
@@ -82,78 +50,62 @@ fn online_cpus(list: &Path) -> u32 {
     from_sys.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32))
 }
 
-impl ConntrackSettings {
-    /// `nf_conntrack_max` for this many CPUs, or `None` to leave it.
-    pub fn max(&self, cpus: u32) -> Option<u32> {
-        if self.max_per_core == 0 {
-            return None;
+/// Each sysctl (under `net/netfilter/`) these settings give a value, in
+/// kube-proxy's order, `nf_conntrack_max` first.
+pub fn wanted(settings: &ConntrackSettings, cpus: u32) -> Vec<(&'static str, u64)> {
+    let secs = |d: Duration| (!d.is_zero()).then_some(d.as_secs());
+    [
+        ("nf_conntrack_max", settings.max(cpus).map(u64::from)),
+        (
+            "nf_conntrack_tcp_timeout_established",
+            secs(settings.tcp_established_timeout),
+        ),
+        (
+            "nf_conntrack_tcp_timeout_close_wait",
+            secs(settings.tcp_close_wait_timeout),
+        ),
+        (
+            "nf_conntrack_tcp_be_liberal",
+            settings.tcp_be_liberal.then_some(1),
+        ),
+        ("nf_conntrack_udp_timeout", secs(settings.udp_timeout)),
+        (
+            "nf_conntrack_udp_timeout_stream",
+            secs(settings.udp_stream_timeout),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| Some((name, value?)))
+    .collect()
+}
+
+/// Brings the kernel to these settings, writing only what differs, and
+/// returns what it wrote (`path=value`). The hash size is raised to a
+/// quarter of `nf_conntrack_max` when it is smaller. The first failure is
+/// returned, naming the file, and what came before it stays written.
+pub fn apply(settings: &ConntrackSettings, host: &Host) -> Result<Vec<String>, String> {
+    let mut written = Vec::new();
+    for (name, value) in wanted(settings, host.cpus) {
+        let path = host.proc_sys.join("net/netfilter").join(name);
+        if write_if_different(&path, value)? {
+            written.push(format!("net.netfilter.{name}={value}"));
         }
-        let scaled = u64::from(self.max_per_core) * u64::from(cpus);
-        Some(if scaled > u64::from(MAX_LIMIT) {
-            MAX_LIMIT
-        } else {
-            (scaled as u32).max(self.min)
-        })
-    }
-
-    /// Each sysctl (under `net/netfilter/`) these settings give a value, in
-    /// kube-proxy's order, `nf_conntrack_max` first.
-    pub fn wanted(&self, cpus: u32) -> Vec<(&'static str, u64)> {
-        let secs = |d: Duration| (!d.is_zero()).then_some(d.as_secs());
-        [
-            ("nf_conntrack_max", self.max(cpus).map(u64::from)),
-            (
-                "nf_conntrack_tcp_timeout_established",
-                secs(self.tcp_established_timeout),
-            ),
-            (
-                "nf_conntrack_tcp_timeout_close_wait",
-                secs(self.tcp_close_wait_timeout),
-            ),
-            (
-                "nf_conntrack_tcp_be_liberal",
-                self.tcp_be_liberal.then_some(1),
-            ),
-            ("nf_conntrack_udp_timeout", secs(self.udp_timeout)),
-            (
-                "nf_conntrack_udp_timeout_stream",
-                secs(self.udp_stream_timeout),
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(name, value)| Some((name, value?)))
-        .collect()
-    }
-
-    /// Brings the kernel to these settings, writing only what differs, and
-    /// returns what it wrote (`path=value`). The hash size is raised to a
-    /// quarter of `nf_conntrack_max` when it is smaller. The first failure is
-    /// returned, naming the file, and what came before it stays written.
-    pub fn apply(&self, host: &Host) -> Result<Vec<String>, String> {
-        let mut written = Vec::new();
-        for (name, value) in self.wanted(host.cpus) {
-            let path = host.proc_sys.join("net/netfilter").join(name);
-            if write_if_different(&path, value)? {
-                written.push(format!("net.netfilter.{name}={value}"));
-            }
-            if name == "nf_conntrack_max" {
-                let hashsize = read_number(&host.hashsize)
-                    .map_err(|e| format!("reading {}: {e}", host.hashsize.display()))?;
-                if hashsize < value / 4 {
-                    write(&host.hashsize, value / 4)?;
-                    written.push(format!("{}={}", host.hashsize.display(), value / 4));
-                }
+        if name == "nf_conntrack_max" {
+            let hashsize = read_number(&host.hashsize)
+                .map_err(|e| format!("reading {}: {e}", host.hashsize.display()))?;
+            if hashsize < value / 4 {
+                write(&host.hashsize, value / 4)?;
+                written.push(format!("{}={}", host.hashsize.display(), value / 4));
             }
         }
-        Ok(written)
     }
+    Ok(written)
 }
 
 /// Sets this host's values at start, logging each one written; the error is
 /// the start's (kube-proxy's message, with the file at fault).
 pub fn settle(settings: &ConntrackSettings) -> Result<(), String> {
-    let written = settings
-        .apply(&Host::real())
+    let written = apply(settings, &Host::real())
         .map_err(|e| format!("could not set conntrack parameters: {e}"))?;
     for w in written {
         tracing::info!("set {w}");
@@ -267,7 +219,7 @@ mod tests {
             ],
             "16384\n",
         );
-        let written = ConntrackSettings::default().apply(&host).unwrap();
+        let written = apply(&ConntrackSettings::default(), &host).unwrap();
         assert_eq!(
             written,
             vec![
@@ -280,7 +232,7 @@ mod tests {
         assert_eq!(read(&host, "nf_conntrack_tcp_timeout_close_wait"), "3600\n");
         // The second start finds everything in place and writes nothing.
         assert_eq!(
-            ConntrackSettings::default().apply(&host).unwrap(),
+            apply(&ConntrackSettings::default(), &host).unwrap(),
             Vec::<String>::new()
         );
         // Zero leaves a value; tcp_be_liberal and the UDP timeouts when asked.
@@ -292,7 +244,7 @@ mod tests {
             udp_stream_timeout: Duration::from_secs(120),
             ..ConntrackSettings::default()
         };
-        let written = asked.apply(&host).unwrap();
+        let written = apply(&asked, &host).unwrap();
         assert_eq!(
             written,
             [
@@ -308,7 +260,7 @@ mod tests {
     #[test]
     fn a_failure_names_the_file_and_stops_there() {
         let host = fake_host("fail", &[("nf_conntrack_max", "262144")], "not a number");
-        let err = ConntrackSettings::default().apply(&host).unwrap_err();
+        let err = apply(&ConntrackSettings::default(), &host).unwrap_err();
         assert!(
             err.starts_with("reading ") && err.contains("hashsize"),
             "{err}"
