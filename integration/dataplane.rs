@@ -115,6 +115,50 @@ fn removing_an_endpoint_stops_traffic_to_it_while_the_daemon_runs() {
 }
 
 #[test]
+fn a_service_of_more_than_16_endpoints_reaches_each_through_its_blocks_as_its_count_changes() {
+    // 21 endpoints are three blocks (16 + 4 + 1); 20 are two (16 + 4), so the
+    // change deletes a block and makes the count's chain anew.
+    let names: Vec<String> = (0..21).map(|i| format!("pod-{i}")).collect();
+    let addrs: Vec<String> = (0..21).map(|i| format!("10.244.0.{}", 20 + i)).collect();
+    let pods: Vec<(&str, Vec<&str>)> = names
+        .iter()
+        .zip(&addrs)
+        .map(|(n, a)| (n.as_str(), vec![a.as_str()]))
+        .collect();
+    let pods: Vec<(&str, &[&str])> = pods.iter().map(|(n, a)| (*n, a.as_slice())).collect();
+    let c = Cluster::new("blocks", &pods, &[9376]);
+    let all: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let manifests = c.scratch.write("web.yaml", &web(&all));
+    let mut daemon = Daemon::start(c.node(), &manifests, c.scratch.0.join("log"), &[]);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    // P(some endpoint gets none of 400) ≤ 21 × (20/21)^400 ≈ 7e-8.
+    let spread = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let t = tally(c.client(), "10.96.0.10:80", 400, false);
+            if t.answers.len() == n || Instant::now() > deadline {
+                return t;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let t = spread(21);
+    assert_all_answer(&t, &names, 400);
+    assert!(nft_list(c.node()).contains("numgen random mod 21 < 16 goto pick-block-16-0"));
+    std::fs::write(&manifests, web(&all[..20])).unwrap();
+    wait_until(Duration::from_secs(10), "the count change", || {
+        nft_list(c.node()).contains("numgen random mod 20 < 16 goto pick-block-16-0")
+    });
+    let t = spread(20);
+    assert_all_answer(&t, &names[..20], 400);
+    let listing = nft_list(c.node());
+    assert!(!listing.contains("endpoints-block-1-0"), "{listing}");
+    assert!(!listing.contains("chain pick-21 "), "{listing}");
+    daemon.assert_running();
+    daemon.terminate();
+}
+
+#[test]
 fn service_without_endpoints_is_refused_at_once() {
     let c = Cluster::new("noeps", &PODS, &[9376]);
     c.apply(

@@ -18,7 +18,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 /// Services that together use every rule shape: 1, 2 and 3 endpoints (a plain
-/// DNAT, and endpoint maps in both families), TCP/UDP/SCTP, several ports, no endpoints, IPv6,
+/// DNAT, and endpoint maps in both families), more than 16 (blocks), TCP/UDP/SCTP, several ports, no endpoints, IPv6,
 /// dual-stack, an unnamed port, terminating-only endpoints, and names long enough
 /// to clamp comments.
 fn manifests() -> String {
@@ -84,6 +84,28 @@ fn manifests() -> String {
         &[udp(53, 53)],
         &["fd00:10:244::8", "fd00:10:244::9"],
     );
+    // Above 16 endpoints an entry's slots are in blocks: 21 is 16 + 4 + 1, and
+    // 1029 a whole block of 1024, then 4 and 1 (over two slices, as the API's
+    // limit of 1000 an EndpointSlice asks).
+    let addrs = |n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("10.245.{}.{}", i / 250, i % 250 + 1))
+            .collect()
+    };
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    m += &service("blocks", &["10.96.0.9"], &[tcp(80, 8080), udp(53, 53)]);
+    m += &slice(
+        "blocks",
+        "a",
+        &[tcp(80, 8080), udp(53, 53)],
+        &refs(&addrs(21)),
+    );
+    let many = addrs(1029);
+    m += &service("a-whole-block", &["10.96.0.10"], &[tcp(80, 8080)]);
+    m += &slice("a-whole-block", "a", &[tcp(80, 8080)], &refs(&many[..600]));
+    m += &slice("a-whole-block", "b", &[tcp(80, 8080)], &refs(&many[600..]));
     m += EXTERNAL;
     m
 }

@@ -482,7 +482,9 @@ fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
 /// its map came with the pick chains of all its counts, while it was empty. A
 /// chain made later would bind a full map, which the kernel walks element by
 /// element (18–26 ms at 100k Services). Above 16, a count's chain comes with
-/// its first entry and goes with its last.
+/// its first entry and goes with its last; it reads no map, only picks among
+/// the entry's blocks, and each block's chain comes and goes with the block's
+/// map.
 fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
     // Enough that Service 0's table keeps others of 10 endpoints as it moves.
     let p = &mut h.synced_proxy(100, 10);
@@ -514,13 +516,24 @@ fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
         sync_to(n);
         assert_eq!(chains(), made, "{n} endpoints");
     }
-    for n in [20, 21] {
+    for (n, blocks) in [(20, &[16, 4][..]), (21, &[16, 4, 1])] {
         sync_to(n);
         let mut with_n = made.clone();
         with_n.push(format!("pick-{n}"));
+        with_n.extend(blocks.iter().map(|b| format!("pick-block-{b}-0")));
         with_n.sort();
         assert_eq!(chains(), with_n, "{n} endpoints");
+        let table = h.read_table(table);
+        let pick = table.chains.iter().find(|c| c.name == format!("pick-{n}"));
+        let reads_a_map = pick.unwrap().rules.iter().any(|r| {
+            r.exprs
+                .iter()
+                .any(|e| matches!(e, kube_nft::netlink::expr::Expr::Lookup { .. }))
+        });
+        assert!(!reads_a_map, "pick-{n} reads a map");
     }
+    sync_to(9);
+    assert_eq!(chains(), made, "back to 9 endpoints");
 }
 
 /// One endpoint changed in a Service of 10,000 endpoints does the work of one

@@ -34,9 +34,10 @@ const OBJREF: &str = "objref";
 const FIB: &str = "fib";
 const DYNSET: &str = "dynset";
 const COUNTER: &str = "counter";
-const KNOWN: [&str; 15] = [
+const BYTEORDER: &str = "byteorder";
+const KNOWN: [&str; 16] = [
     PAYLOAD, META, CMP, BITWISE, LOOKUP, IMMEDIATE, NUMGEN, NAT, MASQ, REJECT, CT, OBJREF, FIB,
-    DYNSET, COUNTER,
+    DYNSET, COUNTER, BYTEORDER,
 ];
 
 // Each expression's attributes (enum nft_<expr>_attributes).
@@ -98,6 +99,12 @@ const NFTA_FIB_RESULT: u16 = 2;
 const NFTA_FIB_FLAGS: u16 = 3;
 const NFTA_COUNTER_BYTES: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
+const NFTA_BYTEORDER_SREG: u16 = 1;
+const NFTA_BYTEORDER_DREG: u16 = 2;
+const NFTA_BYTEORDER_OP: u16 = 3;
+const NFTA_BYTEORDER_LEN: u16 = 4;
+const NFTA_BYTEORDER_SIZE: u16 = 5;
+const NFT_BYTEORDER_HTON: u32 = 1;
 
 // Verdict codes: NF_DROP, NF_ACCEPT and the nf_tables extensions (negative).
 const NF_DROP: i32 = 0;
@@ -144,6 +151,8 @@ pub enum CtKey {
 pub enum CmpOp {
     Eq = 0,
     Neq = 1,
+    /// Less than, comparing the bytes as a big-endian number.
+    Lt = 2,
 }
 
 /// nf_nat_range flags we use.
@@ -206,6 +215,14 @@ pub enum Expr {
     Numgen {
         dreg: u32,
         modulus: u32,
+    },
+    /// Host to network byte order, `len` bytes in words of `size` (what `nft`
+    /// puts before comparing a host-endian value for order).
+    Hton {
+        sreg: u32,
+        dreg: u32,
+        len: u32,
+        size: u32,
     },
     /// Destination NAT to the address in `addr_reg` and port in `proto_reg`.
     Dnat {
@@ -341,6 +358,7 @@ impl Expr {
             Expr::Lookup { .. } => LOOKUP,
             Expr::Immediate { .. } => IMMEDIATE,
             Expr::Numgen { .. } => NUMGEN,
+            Expr::Hton { .. } => BYTEORDER,
             Expr::Dnat { .. } => NAT,
             Expr::Masq { .. } => MASQ,
             Expr::Reject { .. } => REJECT,
@@ -424,6 +442,18 @@ impl Expr {
                 w.put_u32(NFTA_NG_MODULUS, *modulus);
                 w.put_u32(NFTA_NG_TYPE, NFT_NG_RANDOM);
                 w.put_u32(NFTA_NG_OFFSET, 0);
+            }
+            Expr::Hton {
+                sreg,
+                dreg,
+                len,
+                size,
+            } => {
+                w.put_u32(NFTA_BYTEORDER_SREG, *sreg);
+                w.put_u32(NFTA_BYTEORDER_DREG, *dreg);
+                w.put_u32(NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON);
+                w.put_u32(NFTA_BYTEORDER_LEN, *len);
+                w.put_u32(NFTA_BYTEORDER_SIZE, *size);
             }
             Expr::Dnat {
                 family,
@@ -539,6 +569,7 @@ impl Expr {
                 op: match u(NFTA_CMP_OP)? {
                     0 => CmpOp::Eq,
                     1 => CmpOp::Neq,
+                    2 => CmpOp::Lt,
                     _ => return Ok(Expr::Other(name)),
                 },
                 data: value(f.req(ctx, NFTA_CMP_DATA)?)?,
@@ -570,6 +601,12 @@ impl Expr {
                     modulus: u(NFTA_NG_MODULUS)?,
                 }
             }
+            BYTEORDER if u(NFTA_BYTEORDER_OP)? == NFT_BYTEORDER_HTON => Expr::Hton {
+                sreg: u(NFTA_BYTEORDER_SREG)?,
+                dreg: u(NFTA_BYTEORDER_DREG)?,
+                len: u(NFTA_BYTEORDER_LEN)?,
+                size: u(NFTA_BYTEORDER_SIZE)?,
+            },
             // The kernel dumps the max registers equal to the min ones we sent.
             NAT if u(NFTA_NAT_TYPE)? == NFT_NAT_DNAT
                 && f.get(NFTA_NAT_REG_ADDR_MAX)
@@ -759,6 +796,17 @@ mod tests {
         round_trip(Expr::Numgen {
             dreg: 1,
             modulus: 3,
+        });
+        round_trip(Expr::Hton {
+            sreg: 1,
+            dreg: 1,
+            len: 4,
+            size: 4,
+        });
+        round_trip(Expr::Cmp {
+            sreg: 1,
+            op: CmpOp::Lt,
+            data: 1024u32.to_be_bytes().to_vec(),
         });
         round_trip(Expr::DynsetUpdate {
             sreg: 1,

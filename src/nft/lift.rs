@@ -195,6 +195,17 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
             };
             (stmt, 3)
         }
+        [Numgen { modulus, .. }, Hton { .. }, Cmp {
+            op: CmpOp::Lt,
+            data,
+            ..
+        }, ..] => (
+            Stmt::NumgenBelow {
+                modulus: *modulus,
+                bound: u32::from_be_bytes(data.as_slice().try_into().ok()?),
+            },
+            3,
+        ),
         [Numgen { modulus, .. }, Cmp { data, .. }, ..] => (
             Stmt::NumgenEq {
                 modulus: *modulus,

@@ -421,6 +421,21 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             // numgen's result is host endian.
             out.push(cmp(CmpOp::Eq, value.to_ne_bytes().to_vec()));
         }
+        Stmt::NumgenBelow { modulus, bound } => {
+            out.push(Expr::Numgen {
+                dreg: REG_1,
+                modulus: *modulus,
+            });
+            // The kernel compares for order byte by byte, so nft turns the
+            // host-endian number big-endian first.
+            out.push(Expr::Hton {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: 4,
+                size: 4,
+            });
+            out.push(cmp(CmpOp::Lt, bound.to_be_bytes().to_vec()));
+        }
         Stmt::InSet { fields, set } => {
             load_concat(family, fields, out);
             out.push(Expr::Lookup {

@@ -8,9 +8,10 @@
 //! the packet's entry, and the entry's dispatch element goes to that chain. So
 //! each endpoint gets exactly 1/n, and nothing is made per Service.
 //!
-//! One map serves the counts of a power-of-two range (`endpoints-9-16` holds
-//! the entries with 9 to 16 endpoints), which bounds both of the kernel's
-//! per-table costs (docs/DESIGN.md, "Kernel scaling traps"):
+//! Up to 16 endpoints, one map serves the counts of a power-of-two range
+//! (`endpoints-9-16` holds the entries with 9 to 16 endpoints), which bounds
+//! both of the kernel's per-table costs (docs/DESIGN.md, "Kernel scaling
+//! traps"):
 //! - it finds a set by walking its table's sets, and a table has one map per
 //!   range in use, however many Services it holds;
 //! - it checks each new element of a map against every rule bound to the
@@ -20,17 +21,31 @@
 //! comes, and the dispatch element names the chain of the new count. Crossing
 //! a power of two moves the entry's elements to the next map.
 //!
-//! A map of the ranges up to 16 comes with the pick chains of all its counts,
-//! and they go with it. The kernel checks a map against each rule that newly
-//! uses it by walking all its elements (`nf_tables_bind_set`): a chain made for
-//! the first entry of a count, in a map already full, cost 18–26 ms at 100k
-//! Services (62,500 elements a table). Made with the map, the chains bind it
-//! while it is empty. The price is paid per element instead: the kernel checks
-//! each new element against every rule bound to its map, so a range's chains
-//! are not free (the cold sync of 100k × 10, 8 chains on `endpoints-9-16`, took
-//! 14% longer). Above 16 a count's chain is made with its first entry, so that
-//! a range of many counts, or one Service with thousands of endpoints, does not
-//! bring a chain for each count it might have.
+//! A range's map comes with the pick chains of all its counts, and they go
+//! with it. The kernel checks a map against each rule that newly uses it by
+//! walking all its elements (`nf_tables_bind_set`): a chain made for the first
+//! entry of a count, in a map already full, cost 18–26 ms at 100k Services
+//! (62,500 elements a table). Made with the map, the chains bind it while it
+//! is empty. The price is paid per element instead: the kernel checks each new
+//! element against every rule bound to its map, so a range's chains are not
+//! free (the cold sync of 100k × 10, 8 chains on `endpoints-9-16`, took 14%
+//! longer).
+//!
+//! Above 16 endpoints an entry's slots are split into blocks, each in a map of
+//! its own (`endpoints-block-<size>-<index>`) with the one pick chain that
+//! reads it, made and deleted together, so no chain ever binds a full map:
+//! blocks of 1024 (`BLOCK`) from slot 0, then one block for each bit of the
+//! rest, largest first (3000 = 2 × 1024 + 512 + 256 + 128 + 32 + 16 + 8). The
+//! chain of the count, `pick-3000`, picks a block with one rule per block,
+//! `numgen random mod m < size goto pick-block-…`, where `m` is the slots the
+//! rules before it left (each rule's chance is its block's share of those, so
+//! every slot gets exactly 1/n). It reads no map, so making it for a count's
+//! first entry costs the kernel no walk of elements (a chain over a range's
+//! map of 100,000 did: 28–59 ms). A count change moves the slots of the blocks
+//! that differ between the two layouts: those of the lowest bits, a few on
+//! average and fewer than `2 × BLOCK` at worst. A new connection to such an
+//! entry meets one rule per block before it is DNATed (100 at 100,000
+//! endpoints, half of them on average); only its first packet does.
 //!
 //! What this does not own: which endpoints an entry gets (`core::policy`), and
 //! which slot each takes (`slots`).
@@ -88,29 +103,80 @@ impl PickGroup {
         format!("{}pick-{local}{}", self.kind.prefix(), self.count)
     }
 
-    /// The map its entries' endpoints are in.
-    pub fn map(&self) -> EndpointMap {
-        EndpointMap {
-            kind: self.kind,
-            local: self.local,
-            up_to: self.count.next_power_of_two(),
-        }
+    /// Whether its entries' slots are in blocks (above), not in a range's map.
+    fn in_blocks(&self) -> bool {
+        self.count > PICKS_WITH_THE_MAP_UP_TO
     }
 
-    /// The chain that DNATs to slot `numgen random mod count` of the packet's
-    /// entry in the map: one rule per protocol.
-    pub fn chain(&self) -> Chain {
-        let rules = PROTOCOLS
-            .iter()
-            .map(|p| {
-                Rule::new(vec![
-                    Stmt::L4Proto(*p),
-                    Stmt::DnatPick {
-                        fields: self.kind.fields().to_vec(),
-                        modulus: self.count,
-                        map: self.map().name(),
+    /// Where its entries' slots are: each map, with the first slot it holds
+    /// and how many.
+    pub fn layout(&self) -> Vec<Block> {
+        if !self.in_blocks() {
+            let map = EndpointMap {
+                kind: self.kind,
+                local: self.local,
+                shape: MapShape::Range {
+                    up_to: self.count.next_power_of_two(),
+                },
+            };
+            return vec![Block {
+                map,
+                start: 0,
+                size: self.count,
+            }];
+        }
+        let full = self.count / BLOCK;
+        let rest = self.count % BLOCK;
+        let sizes = (0..full)
+            .map(|index| (BLOCK, index))
+            .chain((0..BLOCK.trailing_zeros()).rev().map(|bit| (1 << bit, 0)))
+            .filter(|(size, index)| *size == BLOCK || (rest & size != 0 && *index == 0));
+        let mut start = 0;
+        sizes
+            .map(|(size, index)| {
+                let block = Block {
+                    map: EndpointMap {
+                        kind: self.kind,
+                        local: self.local,
+                        shape: MapShape::Block { size, index },
                     },
-                ])
+                    start,
+                    size,
+                };
+                start += size;
+                block
+            })
+            .collect()
+    }
+
+    /// The chain the entries' dispatch elements go to. Up to 16 endpoints: a
+    /// DNAT to slot `numgen random mod count` of the range's map, one rule per
+    /// protocol. Above: the choice of a block, one rule per block.
+    pub fn chain(&self) -> Chain {
+        if !self.in_blocks() {
+            let map = self.layout()[0].map;
+            return Chain {
+                name: self.chain_name(),
+                base: None,
+                comment: None,
+                rules: map.dnat_rules(self.count),
+            };
+        }
+        let layout = self.layout();
+        let last = layout.len() - 1;
+        let rules = layout
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let goto = Stmt::Verdict(Verdict::Goto(b.map.pick_chain_name()));
+                if i == last {
+                    return Rule::new(vec![goto]);
+                }
+                let below = Stmt::NumgenBelow {
+                    modulus: self.count - b.start,
+                    bound: b.size,
+                };
+                Rule::new(vec![below, goto])
             })
             .collect();
         Chain {
@@ -122,48 +188,108 @@ impl PickGroup {
     }
 }
 
-/// The largest range whose pick chains are made with its map (above).
+/// The size of the blocks a count above 16 is split into first.
+pub const BLOCK: u32 = 1024;
+
+/// A run of an entry's slots held by one map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub map: EndpointMap,
+    /// The entry's slot the map's slot 0 stands for.
+    pub start: u32,
+    pub size: u32,
+}
+
+/// The largest count in a range's map, whose pick chains are made with the
+/// map (above); larger counts are in blocks.
 const PICKS_WITH_THE_MAP_UP_TO: u32 = 16;
 
-/// An endpoint map: the entries of one kind and policy whose count is in
-/// `up_to / 2 + 1 ..= up_to` (a power of two; 1 and 2 have maps of their own).
+/// An endpoint map: of the entries of one kind and policy, those whose count
+/// is in `up_to / 2 + 1 ..= up_to` (`Range`, a power of two up to 16; 1 and 2
+/// have maps of their own), or one block of the entries above 16 (`Block`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointMap {
     pub kind: EntryKind,
     pub local: bool,
-    pub up_to: u32,
+    pub shape: MapShape,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MapShape {
+    Range {
+        up_to: u32,
+    },
+    /// Block `index` of `size` slots: `index` counts the blocks of `BLOCK`
+    /// slots; a smaller block, one to an entry, has index 0.
+    Block {
+        size: u32,
+        index: u32,
+    },
 }
 
 impl EndpointMap {
-    fn least(&self) -> u32 {
-        self.up_to / 2 + 1
+    /// The pick chains made (and deleted) with the map: every count of a
+    /// range, or a block's own.
+    fn picks(&self) -> Vec<Chain> {
+        match self.shape {
+            MapShape::Range { up_to } => (up_to / 2 + 1..=up_to)
+                .map(|count| {
+                    PickGroup {
+                        kind: self.kind,
+                        local: self.local,
+                        count,
+                    }
+                    .chain()
+                })
+                .collect(),
+            MapShape::Block { size, .. } => vec![Chain {
+                name: self.pick_chain_name(),
+                base: None,
+                comment: None,
+                rules: self.dnat_rules(size),
+            }],
+        }
     }
 
-    /// Whether the pick chains of every count in the range are made (and
-    /// deleted) with the map, rather than each with its count's first entry.
-    pub fn brings_its_picks(&self) -> bool {
-        self.up_to <= PICKS_WITH_THE_MAP_UP_TO
+    /// A DNAT to slot `numgen random mod modulus` of the packet's entry in
+    /// this map, one rule per protocol.
+    fn dnat_rules(&self, modulus: u32) -> Vec<Rule> {
+        PROTOCOLS
+            .iter()
+            .map(|p| {
+                Rule::new(vec![
+                    Stmt::L4Proto(*p),
+                    Stmt::DnatPick {
+                        fields: self.kind.fields().to_vec(),
+                        modulus,
+                        map: self.name(),
+                    },
+                ])
+            })
+            .collect()
     }
 
-    /// The pick chains of the counts in the range.
-    fn picks(&self) -> impl Iterator<Item = PickGroup> + '_ {
-        (self.least()..=self.up_to).map(|count| PickGroup {
-            kind: self.kind,
-            local: self.local,
-            count,
-        })
+    /// A block's pick chain: `pick-block-16-0`, `nodeport-pick-local-block-1024-2`.
+    fn pick_chain_name(&self) -> String {
+        let local = if self.local { "local-" } else { "" };
+        let (size, index) = match self.shape {
+            MapShape::Block { size, index } => (size, index),
+            MapShape::Range { .. } => unreachable!("a range's picks are named by their count"),
+        };
+        format!("{}pick-{local}block-{size}-{index}", self.kind.prefix())
     }
 
     /// `endpoints-1`, `endpoints-2`, `endpoints-3-4`, `local-endpoints-9-16`,
-    /// `nodeport-endpoints-5-8`, `nodeport-local-endpoints-17-32`, …
+    /// `nodeport-endpoints-5-8`, `endpoints-block-1024-0`,
+    /// `nodeport-local-endpoints-block-32-0`, …
     pub fn name(&self) -> String {
         let local = if self.local { "local-" } else { "" };
-        let range = if self.least() == self.up_to {
-            self.up_to.to_string()
-        } else {
-            format!("{}-{}", self.least(), self.up_to)
+        let which = match self.shape {
+            MapShape::Range { up_to } if up_to <= 2 => up_to.to_string(),
+            MapShape::Range { up_to } => format!("{}-{up_to}", up_to / 2 + 1),
+            MapShape::Block { size, index } => format!("block-{size}-{index}"),
         };
-        format!("{}{local}endpoints-{range}", self.kind.prefix())
+        format!("{}{local}endpoints-{which}", self.kind.prefix())
     }
 
     /// The map of this name, if it is one of these.
@@ -176,11 +302,24 @@ impl EndpointMap {
             Some(rest) => (true, rest),
             None => (false, rest),
         };
-        let range = rest.strip_prefix("endpoints-")?;
-        let up_to: u32 = range.rsplit('-').next()?.parse().ok()?;
-        let map = EndpointMap { kind, local, up_to };
+        let which = rest.strip_prefix("endpoints-")?;
+        let shape = match which.strip_prefix("block-") {
+            Some(block) => {
+                let (size, index) = block.split_once('-')?;
+                let (size, index): (u32, u32) = (size.parse().ok()?, index.parse().ok()?);
+                let whole = size == BLOCK;
+                let fits = size < BLOCK && size.is_power_of_two() && index == 0;
+                (whole || fits).then_some(MapShape::Block { size, index })?
+            }
+            None => {
+                let up_to: u32 = which.rsplit('-').next()?.parse().ok()?;
+                let ranged = up_to.is_power_of_two() && up_to <= PICKS_WITH_THE_MAP_UP_TO;
+                ranged.then_some(MapShape::Range { up_to })?
+            }
+        };
+        let map = EndpointMap { kind, local, shape };
         // Only the canonical spelling: "endpoints-03" is someone else's.
-        (up_to.is_power_of_two() && map.name() == name).then_some(map)
+        (map.name() == name).then_some(map)
     }
 
     /// The map, without elements.
@@ -202,19 +341,28 @@ impl EndpointMap {
             EntryKind::Address => "Service ports",
             EntryKind::NodePort => "NodePorts",
         };
-        let count = if self.least() == self.up_to {
-            format!("{}", self.up_to)
-        } else {
-            format!("{}-{}", self.least(), self.up_to)
-        };
         let here = if self.local { " on this node" } else { "" };
+        let comment = match self.shape {
+            MapShape::Range { up_to } if up_to <= 2 => {
+                format!("{ports} with {up_to} endpoints{here}: slot -> endpoint")
+            }
+            MapShape::Range { up_to } => format!(
+                "{ports} with {}-{up_to} endpoints{here}: slot -> endpoint",
+                up_to / 2 + 1
+            ),
+            MapShape::Block { size, index } if size == BLOCK => format!(
+                "{ports}{here}, slots from {}: slot -> endpoint",
+                index * BLOCK
+            ),
+            MapShape::Block { size, .. } => {
+                format!("{ports}{here}, a block of {size}: slot -> endpoint")
+            }
+        };
         Set {
             name: self.name(),
             key,
             data: Some(MapData::Endpoint(family)),
-            comment: Some(format!(
-                "{ports} with {count} endpoints{here}: slot -> endpoint"
-            )),
+            comment: Some(comment),
             timeout: None,
             elements: Vec::new(),
         }
@@ -246,15 +394,14 @@ impl Shared {
         self.chains(0).into_iter().map(|c| c.name).collect()
     }
 
-    /// The chains it makes, given the masquerade mark: a map of a small range
-    /// makes the pick chains of its counts, and a count of such a range makes
-    /// none of its own.
+    /// The chains it makes, given the masquerade mark: a map makes the pick
+    /// chains that read it, and a count makes its own only when it picks a
+    /// block.
     pub fn chains(&self, mark: u32) -> Vec<Chain> {
         match self {
-            Shared::Map(m) if m.brings_its_picks() => m.picks().map(|g| g.chain()).collect(),
-            Shared::Map(_) => Vec::new(),
-            Shared::Pick(g) if g.map().brings_its_picks() => Vec::new(),
-            Shared::Pick(g) => vec![g.chain()],
+            Shared::Map(m) => m.picks(),
+            Shared::Pick(g) if g.in_blocks() => vec![g.chain()],
+            Shared::Pick(_) => Vec::new(),
             Shared::Masquerade { kind, count } => {
                 let pick = PickGroup {
                     kind: *kind,
@@ -275,26 +422,42 @@ impl Shared {
     }
 }
 
-/// One entry's endpoints, by slot, in the endpoint map of its count.
+/// One entry's endpoints, by slot, in the endpoint maps of its count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntrySlots {
-    pub map: EndpointMap,
+    pub kind: EntryKind,
+    pub local: bool,
     /// The entry's key: the first fields of each element's key.
     pub entry: Vec<KeyValue>,
     pub endpoints: Vec<EndpointKey>,
 }
 
 impl EntrySlots {
-    /// The map's elements for this entry: `entry . slot : address . port`.
-    pub fn elements(&self) -> impl Iterator<Item = Element> + '_ {
-        self.endpoints
-            .iter()
-            .enumerate()
-            .map(|(slot, EndpointKey { addr, port })| Element {
-                key: slot_key(&self.entry, slot as u32),
-                value: Some(Mapped::Endpoint(*addr, *port)),
-                comment: None,
-            })
+    /// The entries that pick as this one does.
+    pub fn group(&self) -> PickGroup {
+        PickGroup {
+            kind: self.kind,
+            local: self.local,
+            count: self.endpoints.len() as u32,
+        }
+    }
+
+    /// Each map's elements for this entry: `entry . slot : address . port`,
+    /// the slot counted from the map's first.
+    pub fn elements(&self) -> impl Iterator<Item = (EndpointMap, Element)> + '_ {
+        self.group().layout().into_iter().flat_map(move |b| {
+            let held = &self.endpoints[b.start as usize..(b.start + b.size) as usize];
+            held.iter()
+                .enumerate()
+                .map(move |(slot, EndpointKey { addr, port })| {
+                    let element = Element {
+                        key: slot_key(&self.entry, slot as u32),
+                        value: Some(Mapped::Endpoint(*addr, *port)),
+                        comment: None,
+                    };
+                    (b.map, element)
+                })
+        })
     }
 }
 
@@ -309,21 +472,23 @@ pub fn slot_key(entry: &[KeyValue], slot: u32) -> Vec<KeyValue> {
 mod tests {
     use super::*;
 
-    fn map(count: u32) -> String {
+    fn group(count: u32) -> PickGroup {
         PickGroup {
             kind: EntryKind::Address,
             local: false,
             count,
         }
-        .map()
-        .name()
+    }
+
+    fn maps(count: u32) -> Vec<String> {
+        group(count).layout().iter().map(|b| b.map.name()).collect()
     }
 
     #[test]
-    fn counts_share_a_map_up_to_the_next_power_of_two() {
-        let names: Vec<String> = [1, 2, 3, 4, 5, 8, 9, 16, 17, 5000].map(map).to_vec();
+    fn counts_share_a_map_up_to_16_and_larger_ones_are_split_into_blocks() {
+        let one = |count| maps(count).join(" ");
         assert_eq!(
-            names,
+            [1, 2, 3, 4, 5, 8, 9, 16].map(one),
             [
                 "endpoints-1",
                 "endpoints-2",
@@ -333,18 +498,106 @@ mod tests {
                 "endpoints-5-8",
                 "endpoints-9-16",
                 "endpoints-9-16",
-                "endpoints-17-32",
-                "endpoints-4097-8192"
             ]
         );
+        assert_eq!(one(17), "endpoints-block-16-0 endpoints-block-1-0");
+        assert_eq!(
+            one(3000),
+            "endpoints-block-1024-0 endpoints-block-1024-1 endpoints-block-512-0 \
+             endpoints-block-256-0 endpoints-block-128-0 endpoints-block-32-0 \
+             endpoints-block-16-0 endpoints-block-8-0"
+        );
+        assert_eq!(one(2048), "endpoints-block-1024-0 endpoints-block-1024-1");
+    }
+
+    #[test]
+    fn a_layout_covers_every_slot_once_in_order() {
+        for count in (1..=2100).chain([10_000, 100_000, 100_001]) {
+            let layout = group(count).layout();
+            let mut next = 0;
+            for b in &layout {
+                assert_eq!(b.start, next, "count {count}");
+                assert!(b.size > 0);
+                next += b.size;
+            }
+            assert_eq!(next, count);
+            let distinct: std::collections::HashSet<_> = layout.iter().map(|b| b.map).collect();
+            assert_eq!(distinct.len(), layout.len(), "count {count}: a map twice");
+        }
+    }
+
+    #[test]
+    fn a_count_change_moves_the_slots_of_few_blocks() {
+        // The slots whose map or place in it differ between the two layouts.
+        let moved = |a: u32, b: u32| {
+            let (la, lb) = (group(a).layout(), group(b).layout());
+            let same = |x: &Block| lb.contains(x);
+            la.iter().filter(|x| !same(x)).map(|x| x.size).sum::<u32>()
+                + lb.iter()
+                    .filter(|x| !la.contains(x))
+                    .map(|x| x.size)
+                    .sum::<u32>()
+        };
+        let mut worst = 0;
+        let mut total = 0;
+        for n in 18..=10_000 {
+            let m = moved(n, n - 1);
+            worst = worst.max(m);
+            total += m;
+        }
+        assert!(worst < 2 * BLOCK, "worst {worst}");
+        // Mostly the lowest bits: a few slots on average.
+        assert!(
+            total / (10_000 - 17) < 16,
+            "average {}",
+            total / (10_000 - 17)
+        );
+    }
+
+    #[test]
+    fn a_block_pick_gives_each_slot_exactly_its_share() {
+        // The chance of each rule, after those before it missed, times the
+        // block's own 1/size: every slot gets 1/count.
+        for count in [17, 100, 1024, 1025, 3000, 10_000] {
+            let chain = group(count).chain();
+            let layout = group(count).layout();
+            assert_eq!(chain.rules.len(), layout.len());
+            let mut left = 1.0f64;
+            for (rule, block) in chain.rules.iter().zip(&layout) {
+                let chance = match &rule.stmts[0] {
+                    Stmt::NumgenBelow { modulus, bound } => {
+                        assert_eq!((*modulus, *bound), (count - block.start, block.size));
+                        f64::from(*bound) / f64::from(*modulus)
+                    }
+                    Stmt::Verdict(_) => 1.0,
+                    other => panic!("{other:?}"),
+                };
+                let per_slot = left * chance / f64::from(block.size);
+                assert!(
+                    (per_slot * f64::from(count) - 1.0).abs() < 1e-9,
+                    "count {count}"
+                );
+                left *= 1.0 - chance;
+                let goto = rule.stmts.last().unwrap();
+                assert_eq!(
+                    *goto,
+                    Stmt::Verdict(Verdict::Goto(block.map.pick_chain_name()))
+                );
+            }
+        }
     }
 
     #[test]
     fn a_map_name_names_its_map_and_nothing_else_does() {
         for kind in [EntryKind::Address, EntryKind::NodePort] {
             for local in [false, true] {
-                for up_to in [1, 2, 4, 16, 1 << 20] {
-                    let m = EndpointMap { kind, local, up_to };
+                let shapes = [1, 2, 4, 16]
+                    .map(|up_to| MapShape::Range { up_to })
+                    .into_iter()
+                    .chain([1, 2, 512].map(|size| MapShape::Block { size, index: 0 }))
+                    .chain([0, 7, 1 << 20].map(|index| MapShape::Block { size: BLOCK, index }));
+                for shape in shapes {
+                    let m = EndpointMap { kind, local, shape };
                     assert_eq!(EndpointMap::of_name(&m.name()), Some(m));
                 }
             }
@@ -354,7 +607,12 @@ mod tests {
             "endpoints-3",
             "endpoints-03-04",
             "endpoints-1-4",
+            "endpoints-17-32",
             "endpoints-",
+            "endpoints-block-3-0",
+            "endpoints-block-512-1",
+            "endpoints-block-2048-0",
+            "endpoints-block-1024-01",
             "local-endpoints-x",
             "service-ips",
             "ep-ABCDEFGHIJKLM",
@@ -366,19 +624,26 @@ mod tests {
 
     #[test]
     fn every_maps_definition_fits_the_kernels_userdata_limit() {
-        // NFT_USERDATA_MAXLEN: a longer one is refused with ERANGE. Up to
-        // 16M endpoints, far beyond any Service.
+        // NFT_USERDATA_MAXLEN: a longer one is refused with ERANGE.
         for kind in [EntryKind::Address, EntryKind::NodePort] {
             for local in [false, true] {
                 for family in Family::ALL {
-                    let m = EndpointMap {
-                        kind,
-                        local,
-                        up_to: 1 << 24,
-                    };
-                    let set = crate::nft::lower::lower_set(&m.set(family));
-                    let len = set.userdata.unwrap().len();
-                    assert!(len <= 256, "{}: {len} bytes", m.name());
+                    for shape in [
+                        MapShape::Range { up_to: 16 },
+                        MapShape::Block {
+                            size: 512,
+                            index: 0,
+                        },
+                        MapShape::Block {
+                            size: BLOCK,
+                            index: u32::MAX / BLOCK,
+                        },
+                    ] {
+                        let m = EndpointMap { kind, local, shape };
+                        let set = crate::nft::lower::lower_set(&m.set(family));
+                        let len = set.userdata.unwrap().len();
+                        assert!(len <= 256, "{}: {len} bytes", m.name());
+                    }
                 }
             }
         }
@@ -405,7 +670,7 @@ mod tests {
                 }
             );
         }
-        let map = g.map().set(Family::Ip6);
+        let map = g.layout()[0].map.set(Family::Ip6);
         assert_eq!(
             map.key,
             vec![KeyType::InetProto, KeyType::InetService, KeyType::Slot]

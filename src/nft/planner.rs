@@ -19,7 +19,7 @@ use crate::nft::lower::{
     lower_chain, lower_counter, lower_element, lower_key, lower_set, lower_table,
 };
 use crate::nft::names::{table_ids, SET_HAIRPIN};
-use crate::nft::pick::{EndpointMap, EntryKind, Shared};
+use crate::nft::pick::{Block, EndpointMap, EntryKind, MapShape, PickGroup, Shared};
 use crate::nft::plan::{diff_rules, Plan};
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{Placement, SlotKey};
@@ -27,6 +27,7 @@ use crate::nft::translate::{hairpin_element, node_elements, service_rules, trans
 use crate::nft::view::{map_slots, slots, Elements, RuleView, SetView, TableView};
 use crate::ruleset::{KeyValue, Mapped, Ruleset, TableId};
 use std::cell::RefCell;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -101,13 +102,15 @@ impl Footprint {
     }
 }
 
-/// One entry's endpoints in an endpoint map, kept whole rather than as its
-/// elements: one key prefix for all its slots (10k Services × 10: ~40 MiB
-/// less), and what a partial sync needs to keep endpoints in their slots.
+/// One entry's endpoints in the endpoint maps of its count, kept whole rather
+/// than as its elements: one key prefix for all its slots (10k Services × 10:
+/// ~40 MiB less), and what a partial sync needs to keep endpoints in their
+/// slots. Its count says which maps hold which slots (`PickGroup::layout`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct PlacedSlots {
     table: TableId,
-    map: EndpointMap,
+    kind: EntryKind,
+    local: bool,
     /// The entry's key, lowered: each element's key without its slot.
     entry: Vec<u8>,
     endpoints: Vec<SlotKey>,
@@ -119,35 +122,49 @@ struct PlacedSlots {
 type SlotIndex = HashMap<SlotKey, u32>;
 
 impl PlacedSlots {
-    fn element_key(&self, slot: usize) -> Vec<u8> {
+    fn layout(&self) -> Vec<Block> {
+        PickGroup {
+            kind: self.kind,
+            local: self.local,
+            count: self.endpoints.len() as u32,
+        }
+        .layout()
+    }
+
+    /// The key of the entry's element in slot `rel` of a map.
+    fn element_key(&self, rel: u32) -> Vec<u8> {
         let mut key = self.entry.clone();
-        key.extend_from_slice(&(slot as u32).to_ne_bytes());
+        key.extend_from_slice(&rel.to_ne_bytes());
         key
     }
 
-    /// Whether `key` is this entry's element key of `slot`.
-    fn is_key(&self, key: &[u8], slot: usize) -> bool {
+    /// Whether `key` is this entry's element key of slot `rel` of a map.
+    fn is_key(&self, key: &[u8], rel: u32) -> bool {
         key.len() == self.entry.len() + 4
             && key.starts_with(&self.entry)
-            && key[self.entry.len()..] == (slot as u32).to_ne_bytes()
+            && key[self.entry.len()..] == rel.to_ne_bytes()
     }
 
-    fn element(&self, slot: usize) -> KernelElement {
-        let SlotKey { addr, port } = self.endpoints[slot];
+    /// The element of the entry's slot `rel` of a map, holding `ep`.
+    fn element(&self, rel: u32, ep: SlotKey) -> KernelElement {
         KernelElement {
-            key: self.element_key(slot),
-            data: Some(Mapped::Endpoint(addr, port)),
+            key: self.element_key(rel),
+            data: Some(Mapped::Endpoint(ep.addr, ep.port)),
             userdata: None,
         }
     }
 
-    fn elements(&self) -> impl Iterator<Item = KernelElement> + '_ {
-        (0..self.endpoints.len()).map(|i| self.element(i))
-    }
-
     fn same_entry(&self, other: &PlacedSlots) -> bool {
-        (self.table, self.map, &self.entry) == (other.table, other.map, &other.entry)
+        (self.table, self.kind, self.local, &self.entry)
+            == (other.table, other.kind, other.local, &other.entry)
     }
+}
+
+/// Which map holds slot `slot` of a layout, and its slot there.
+fn held_at(layout: &[Block], slot: u32) -> Option<(EndpointMap, u32)> {
+    let i = layout.partition_point(|b| b.start + b.size <= slot);
+    let b = layout.get(i).filter(|b| b.start <= slot)?;
+    Some((b.map, slot - b.start))
 }
 
 /// An element a Service put in a shared set or map: where, its key (all a
@@ -235,7 +252,8 @@ fn lower_service(
                 .into_iter()
                 .map(|s| PlacedSlots {
                     table,
-                    map: s.map,
+                    kind: s.kind,
+                    local: s.local,
                     entry: lower_key(&s.entry, true),
                     endpoints: s.endpoints,
                     index: None,
@@ -259,13 +277,19 @@ fn lower_service(
 struct PlacedInViews<'a> {
     views: &'a Views,
     /// Each entry's elements (a run of a sorted endpoint map), by the kind and
-    /// policy of the map that holds it and the entry's key.
-    entries: HashMap<(TableId, EntryKind, bool, &'a [u8]), &'a [KernelElement]>,
+    /// policy of the map that holds it and the entry's key: its first run
+    /// found, and the others of an entry in blocks.
+    entries: HashMap<EntryAt<'a>, Run<'a>>,
+    more: HashMap<EntryAt<'a>, Vec<Run<'a>>>,
 }
+
+type EntryAt<'a> = (TableId, EntryKind, bool, &'a [u8]);
+type Run<'a> = (MapShape, &'a [KernelElement]);
 
 impl<'a> PlacedInViews<'a> {
     fn new(views: &'a Views) -> Self {
         let mut entries = HashMap::new();
+        let mut more: HashMap<EntryAt<'a>, Vec<Run<'a>>> = HashMap::new();
         for (table, view) in views {
             for set in &view.sets {
                 let Some(map) = EndpointMap::of_name(&set.def.name) else {
@@ -279,15 +303,32 @@ impl<'a> PlacedInViews<'a> {
                         .iter()
                         .take_while(|e| entry_of(&e.key) == prefix)
                         .count();
-                    let run = &elements[start..start + len];
-                    entries
-                        .entry((*table, map.kind, map.local, prefix))
-                        .or_insert(run);
+                    let run = (map.shape, &elements[start..start + len]);
+                    let at = (*table, map.kind, map.local, prefix);
+                    match entries.entry(at) {
+                        Entry::Vacant(v) => {
+                            v.insert(run);
+                        }
+                        Entry::Occupied(_) => more.entry(at).or_default().push(run),
+                    }
                     start += len;
                 }
             }
         }
-        PlacedInViews { views, entries }
+        PlacedInViews {
+            views,
+            entries,
+            more,
+        }
+    }
+}
+
+/// The order of a layout's maps: a range's alone; blocks of `BLOCK` by index,
+/// then the smaller ones, largest first.
+fn layout_order(shape: &MapShape) -> (u32, u32) {
+    match *shape {
+        MapShape::Range { .. } => (0, 0),
+        MapShape::Block { size, index } => (u32::MAX - size, index),
     }
 }
 
@@ -310,8 +351,18 @@ impl Placement for PlacedInViews<'_> {
         entry: &[KeyValue],
     ) -> Option<Vec<SlotKey>> {
         let key = lower_key(entry, true);
-        let run = self.entries.get(&(table, kind, local, key.as_slice()))?;
-        Some(map_slots(run.iter()))
+        let at = (table, kind, local, key.as_slice());
+        let first = self.entries.get(&at)?;
+        let Some(more) = self.more.get(&at) else {
+            return Some(map_slots(first.1.iter()));
+        };
+        let mut runs: Vec<&Run> = std::iter::once(first).chain(more).collect();
+        runs.sort_by_key(|(shape, _)| layout_order(shape));
+        Some(
+            runs.iter()
+                .flat_map(|(_, run)| map_slots(run.iter()))
+                .collect(),
+        )
     }
 }
 
@@ -341,7 +392,7 @@ impl PlacedBefore<'_> {
         self.old
             .slots
             .iter()
-            .find(|s| (s.table, s.map.kind, s.map.local) == (table, kind, local) && s.entry == key)
+            .find(|s| (s.table, s.kind, s.local) == (table, kind, local) && s.entry == key)
     }
 }
 
@@ -390,8 +441,7 @@ struct MovedSlots {
 impl MovedSlots {
     /// Whether these are the slots of `s`, in the map they were moved in.
     fn holds(&self, s: &PlacedSlots) -> bool {
-        (self.table, self.kind, self.local, &self.entry)
-            == (s.table, s.map.kind, s.map.local, &s.entry)
+        (self.table, self.kind, self.local, &self.entry) == (s.table, s.kind, s.local, &s.entry)
     }
 }
 
@@ -539,44 +589,48 @@ impl<'v> EndpointMaps<'v> {
     /// Plans an entry's elements, unless another Service has the entry;
     /// false then.
     fn claim(&mut self, plan: &mut Plan, s: &PlacedSlots) -> bool {
-        let views = self.views;
-        let map = self.maps.entry((s.table, s.map)).or_insert_with(|| {
-            let name = s.map.name();
-            let have = views
-                .get(&s.table)
-                .and_then(|v| v.set(&name))
-                .map(|v| &v.elements);
-            let seen = vec![false; have.map_or(0, |h| h.len())];
-            MapDiff { name, have, seen }
-        });
-        let at = (s.table, s.map.kind, s.map.local, s.entry.clone());
+        let at = (s.table, s.kind, s.local, s.entry.clone());
         if !self.claimed.insert(at) {
             return false;
         }
-        let Some(have) = map.have else {
-            for e in s.elements() {
-                plan.add_element(s.table, &map.name, e);
-            }
-            return true;
-        };
-        // The entry's elements are one run of the sorted map, in slot order
-        // for fewer than 256 slots (a slot's first key byte is its lowest):
-        // found once, then each is where its slot says, or searched for.
-        let elements = have.as_slice();
-        let start = elements.partition_point(|e| e.key.as_slice() < s.entry.as_slice());
-        for (slot, ep) in s.endpoints.iter().enumerate() {
-            let at = Some(start + slot)
-                .filter(|i| elements.get(*i).is_some_and(|e| s.is_key(&e.key, slot)))
-                .or_else(|| have.index_of(&s.element_key(slot)));
-            let Some(i) = at else {
-                plan.add_element(s.table, &map.name, s.element(slot));
+        let views = self.views;
+        for block in s.layout() {
+            let map = self.maps.entry((s.table, block.map)).or_insert_with(|| {
+                let name = block.map.name();
+                let have = views
+                    .get(&s.table)
+                    .and_then(|v| v.set(&name))
+                    .map(|v| &v.elements);
+                let seen = vec![false; have.map_or(0, |h| h.len())];
+                MapDiff { name, have, seen }
+            });
+            let held = &s.endpoints[block.start as usize..(block.start + block.size) as usize];
+            let Some(have) = map.have else {
+                for (rel, ep) in (0..).zip(held) {
+                    plan.add_element(s.table, &map.name, s.element(rel, *ep));
+                }
                 continue;
             };
-            map.seen[i] = true;
-            let old = &elements[i];
-            if old.data != Some(Mapped::Endpoint(ep.addr, ep.port)) || old.userdata.is_some() {
-                plan.delete_element(s.table, &map.name, old.clone());
-                plan.add_element(s.table, &map.name, s.element(slot));
+            // The entry's elements are one run of the sorted map, in slot
+            // order for fewer than 256 slots (a slot's first key byte is its
+            // lowest): found once, then each is where its slot says, or
+            // searched for.
+            let elements = have.as_slice();
+            let start = elements.partition_point(|e| e.key.as_slice() < s.entry.as_slice());
+            for (rel, ep) in (0..).zip(held) {
+                let at = Some(start + rel as usize)
+                    .filter(|i| elements.get(*i).is_some_and(|e| s.is_key(&e.key, rel)))
+                    .or_else(|| have.index_of(&s.element_key(rel)));
+                let Some(i) = at else {
+                    plan.add_element(s.table, &map.name, s.element(rel, *ep));
+                    continue;
+                };
+                map.seen[i] = true;
+                let old = &elements[i];
+                if old.data != Some(Mapped::Endpoint(ep.addr, ep.port)) || old.userdata.is_some() {
+                    plan.delete_element(s.table, &map.name, old.clone());
+                    plan.add_element(s.table, &map.name, s.element(rel, *ep));
+                }
             }
         }
         true
@@ -1077,53 +1131,64 @@ fn plan_elements(
     }
 }
 
-/// A partial sync's change to one Service's entries: per entry, the slots
-/// whose endpoint changed are replaced, the slots beyond the new count deleted,
-/// new slots added; an entry that moved to another map (its count changed)
-/// leaves the old map whole and fills the new one. An entry whose slots were
-/// moved by a change (`moved`) is compared only in the slots that moved.
+/// A partial sync's change to one Service's entries: per entry, each slot
+/// whose endpoint or place changed leaves its old element and gets a new one.
+/// A count change moves the slots of the blocks its two layouts do not share
+/// (an entry that changed range leaves the old map whole and fills the new
+/// one). An entry whose slots were moved by a change (`moved`) is compared
+/// only in the slots that moved and those whose place did.
 fn diff_slots(plan: &mut Plan, old: &[PlacedSlots], new: &[PlacedSlots], moved: &[MovedSlots]) {
-    let compared = |o: &PlacedSlots, n: Option<&PlacedSlots>| -> Vec<usize> {
-        let len = o.endpoints.len().max(n.map_or(0, |n| n.endpoints.len()));
-        match n.and_then(|n| moved.iter().find(|m| m.holds(n))) {
-            Some(m) => m.changed.iter().map(|s| *s as usize).collect(),
-            None => (0..len).collect(),
+    for o in old {
+        diff_entry(plan, Some(o), new.iter().find(|n| n.same_entry(o)), moved);
+    }
+    for n in new.iter().filter(|n| !old.iter().any(|o| o.same_entry(n))) {
+        diff_entry(plan, None, Some(n), moved);
+    }
+}
+
+fn diff_entry(
+    plan: &mut Plan,
+    old: Option<&PlacedSlots>,
+    new: Option<&PlacedSlots>,
+    moved: &[MovedSlots],
+) {
+    let layout = |s: Option<&PlacedSlots>| s.map(|s| s.layout()).unwrap_or_default();
+    let (was_laid, is_laid) = (layout(old), layout(new));
+    let compared: Vec<u32> = match new.and_then(|n| moved.iter().find(|m| m.holds(n))) {
+        Some(m) => {
+            let mut slots: BTreeSet<u32> = m.changed.iter().copied().collect();
+            let only_was = was_laid.iter().filter(|b| !is_laid.contains(b));
+            let only_is = is_laid.iter().filter(|b| !was_laid.contains(b));
+            for b in only_was.chain(only_is) {
+                slots.extend(b.start..b.start + b.size);
+            }
+            slots.into_iter().collect()
+        }
+        None => {
+            let len = |s: Option<&PlacedSlots>| s.map_or(0, |s| s.endpoints.len());
+            (0..len(old).max(len(new)) as u32).collect()
         }
     };
-    for o in old {
-        let map = o.map.name();
-        let kept = new.iter().find(|n| n.same_entry(o));
-        for slot in compared(o, kept) {
-            let Some(ep) = o.endpoints.get(slot) else {
-                continue;
-            };
-            if kept.and_then(|n| n.endpoints.get(slot)) != Some(ep) {
-                plan.delete_element(
-                    o.table,
-                    &map,
-                    KernelElement {
-                        key: o.element_key(slot),
-                        data: None,
-                        userdata: None,
-                    },
-                );
-            }
+    let placed = |s: Option<&PlacedSlots>, laid: &[Block], slot: u32| {
+        let ep = *s?.endpoints.get(slot as usize)?;
+        Some((held_at(laid, slot)?, ep))
+    };
+    for slot in compared {
+        let was = placed(old, &was_laid, slot);
+        let is = placed(new, &is_laid, slot);
+        if was == is {
+            continue;
         }
-    }
-    for n in new {
-        let map = n.map.name();
-        let before = old.iter().find(|o| o.same_entry(n));
-        let slots = match before {
-            Some(o) => compared(o, Some(n)),
-            None => (0..n.endpoints.len()).collect(),
-        };
-        for slot in slots {
-            let Some(ep) = n.endpoints.get(slot) else {
-                continue;
+        if let (Some(o), Some(((map, rel), _))) = (old, was) {
+            let gone = KernelElement {
+                key: o.element_key(rel),
+                data: None,
+                userdata: None,
             };
-            if before.and_then(|o| o.endpoints.get(slot)) != Some(ep) {
-                plan.add_element(n.table, &map, n.element(slot));
-            }
+            plan.delete_element(o.table, &map.name(), gone);
+        }
+        if let (Some(n), Some(((map, rel), ep))) = (new, is) {
+            plan.add_element(n.table, &map.name(), n.element(rel, ep));
         }
     }
 }

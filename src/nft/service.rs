@@ -601,11 +601,13 @@ fn shared_port(
                     .collect()
             });
         out.slots.push(EntrySlots {
-            map: group.map(),
+            kind: group.kind,
+            local: group.local,
             entry: entry.to_vec(),
             endpoints,
         });
-        out.shared.push(Shared::Map(group.map()));
+        let maps = group.layout().into_iter().map(|b| Shared::Map(b.map));
+        out.shared.extend(maps);
         out.shared.push(Shared::Pick(group));
         group.chain_name()
     };

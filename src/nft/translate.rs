@@ -117,12 +117,11 @@ fn tables_for(
         for entry in &rules.slots {
             // Two Services with one entry (the same external IP and port): the
             // first keeps it, whole, as in the dispatch maps.
-            let at = (own, entry.map.kind, entry.map.local, entry.entry.clone());
+            let at = (own, entry.kind, entry.local, entry.entry.clone());
             if claimed.insert(at) {
-                endpoint_maps
-                    .entry((own, entry.map))
-                    .or_default()
-                    .extend(entry.elements());
+                for (map, element) in entry.elements() {
+                    endpoint_maps.entry((own, map)).or_default().push(element);
+                }
             }
         }
         shared.extend(rules.shared.iter().map(|s| (own, *s)));

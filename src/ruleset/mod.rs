@@ -409,6 +409,11 @@ pub enum Stmt {
         modulus: u32,
         value: u32,
     },
+    /// `numgen random mod N < B`, true with probability B/N.
+    NumgenBelow {
+        modulus: u32,
+        bound: u32,
+    },
     /// `ip daddr @cluster-ips`.
     InSet {
         fields: Vec<Field>,

@@ -58,6 +58,7 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         Stmt::FibSaddrLocal => "fib saddr type local".to_string(),
         Stmt::MarkHas(m) => format!("meta mark & {} == {}", hex(*m), hex(*m)),
         Stmt::NumgenEq { modulus, value } => format!("numgen random mod {modulus} {value}"),
+        Stmt::NumgenBelow { modulus, bound } => format!("numgen random mod {modulus} < {bound}"),
         Stmt::InSet { fields: fs, set } => format!("{} @{set}", fields(family, fs)),
         Stmt::Vmap { fields: fs, map } => format!("{} vmap @{map}", fields(family, fs)),
         Stmt::SetUpdate { field: f, set } => {

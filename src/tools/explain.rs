@@ -353,6 +353,17 @@ impl<'a> Walk<'a> {
                         return Ok(Flow::Continue);
                     }
                 }
+                Stmt::NumgenBelow { modulus, bound } => {
+                    let Some(&hit) = self.choices.get(self.used) else {
+                        return Err(Undecided);
+                    };
+                    self.used += 1;
+                    let p = f64::from(*bound) / f64::from(*modulus);
+                    self.share *= if hit { p } else { 1.0 - p };
+                    if !hit {
+                        return Ok(Flow::Continue);
+                    }
+                }
                 Stmt::InSet { fields, set } => {
                     if self.lookup(fields, set).is_none() {
                         return Ok(Flow::Continue);
@@ -607,26 +618,31 @@ mod tests {
 
     #[test]
     fn n_endpoints_get_one_nth_each() {
-        let mut m = String::from("---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: d}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-a, namespace: d, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints:\n");
-        for i in 1..=7 {
-            m += &format!("- addresses: [10.244.0.{i}]\n");
+        // 7: one map and its pick chain; 21 and 37: a pick among blocks
+        // (16 + 4 + 1, 32 + 4 + 1), each with its own chain and map.
+        for n in [7, 21, 37] {
+            let mut m = String::from("---\napiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: d}\nspec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s-a, namespace: d, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{port: 80}]\nendpoints:\n");
+            for i in 1..=n {
+                m += &format!("- addresses: [10.244.0.{i}]\n");
+            }
+            let loaded = crate::source::files::parse(&m, "t.yaml").unwrap();
+            let config = crate::core::node_config::NodeConfig {
+                cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+                ..Default::default()
+            };
+            let (ruleset, _) = crate::nft::translate::desired(&loaded.objects, None, &config);
+            let packet = "10.244.0.1 10.96.0.9:80/tcp".parse().unwrap();
+            let e = explain(&ruleset, &packet, &[]);
+            assert_eq!(e.paths.len(), n, "{n} endpoints");
+            for p in &e.paths {
+                let share = 1.0 / n as f64;
+                assert!((p.share - share).abs() < 1e-9, "{n} endpoints: {p:?}");
+                assert_eq!(p.service.as_deref(), Some("d/s:80"));
+            }
+            let mut to: Vec<String> = e.paths.iter().map(|p| p.end.to_string()).collect();
+            to.sort();
+            to.dedup();
+            assert_eq!(to.len(), n, "{to:?}");
         }
-        let loaded = crate::source::files::parse(&m, "t.yaml").unwrap();
-        let config = crate::core::node_config::NodeConfig {
-            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
-            ..Default::default()
-        };
-        let (ruleset, _) = crate::nft::translate::desired(&loaded.objects, None, &config);
-        let packet = "10.244.0.1 10.96.0.9:80/tcp".parse().unwrap();
-        let e = explain(&ruleset, &packet, &[]);
-        assert_eq!(e.paths.len(), 7);
-        for p in &e.paths {
-            assert!((p.share - 1.0 / 7.0).abs() < 1e-9, "{p:?}");
-            assert_eq!(p.service.as_deref(), Some("d/s:80"));
-        }
-        let mut to: Vec<String> = e.paths.iter().map(|p| p.end.to_string()).collect();
-        to.sort();
-        to.dedup();
-        assert_eq!(to.len(), 7, "{to:?}");
     }
 }
