@@ -160,6 +160,7 @@ macro_rules! cases {
 
 cases!(
     partial_syncs_leave_the_kernel_equal_to_the_desired_ruleset,
+    a_count_change_across_blocks_leaves_the_kernel_as_desired,
     partial_syncs_keep_counters_in_step,
     restart_over_a_correct_ruleset_writes_nothing,
     endpoint_change_transaction_size_does_not_grow_with_services,
@@ -534,6 +535,38 @@ fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
     }
     sync_to(9);
     assert_eq!(chains(), made, "back to 9 endpoints");
+}
+
+/// A Service's count moved across the edges of its blocks (a block of 1024
+/// gone and its slots spread over the smaller ones, and back; into a range's
+/// map and out), one endpoint at a time as a rolling update does and also
+/// all at once, each a partial sync after which the kernel holds exactly
+/// what it should.
+fn a_count_change_across_blocks_leaves_the_kernel_as_desired(h: &Harness<impl Kernel>) {
+    let p = &mut h.synced_proxy(3, 2048);
+    let mut count = 2048;
+    let mut step = |p: &mut Proxy, to: usize| {
+        p.update(&service_key(0), |s| {
+            if to + 1 == count {
+                // The last endpoint of the first slice goes, as one slice's change.
+                let slices = s.slices.get_mut(&service_key(0)).unwrap();
+                slices.values_mut().next().unwrap().endpoints.pop();
+            } else {
+                let addrs: Vec<_> = (0..to).map(|j| endpoint_addr(10_000 + j)).collect();
+                set_endpoints(s, 0, &addrs);
+            }
+        });
+        let r = p.sync().unwrap();
+        assert_eq!(r.kind, SyncKind::Partial, "to {to}");
+        assert!(
+            p.verify().unwrap(),
+            "the kernel differs after {count} -> {to}"
+        );
+        count = to;
+    };
+    for to in [2047, 2048, 1025, 1024, 1023, 17, 16, 17, 3000, 2999] {
+        step(p, to);
+    }
 }
 
 /// One endpoint changed in a Service of 10,000 endpoints does the work of one
