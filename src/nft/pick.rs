@@ -52,7 +52,7 @@
 
 use crate::core::endpoint_key::EndpointKey;
 use crate::core::net::{Family, Protocol};
-use crate::nft::build::{DISPATCH_KEY, NODEPORT_KEY};
+use crate::nft::build::{regular, DISPATCH_KEY, NODEPORT_KEY};
 use crate::ruleset::{
     Chain, Element, Field, KeyType, KeyValue, MapData, Mapped, Rule, Set, Stmt, Verdict,
 };
@@ -109,60 +109,22 @@ impl PickGroup {
     }
 
     /// Where its entries' slots are: each map, with the first slot it holds
-    /// and how many.
-    pub fn layout(&self) -> Vec<Block> {
-        if !self.in_blocks() {
-            let map = EndpointMap {
-                kind: self.kind,
-                local: self.local,
-                shape: MapShape::Range {
-                    up_to: self.count.next_power_of_two(),
-                },
-            };
-            return vec![Block {
-                map,
-                start: 0,
-                size: self.count,
-            }];
+    /// and how many, in slot order.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            group: *self,
+            start: 0,
         }
-        let full = self.count / BLOCK;
-        let rest = self.count % BLOCK;
-        let sizes = (0..full)
-            .map(|index| (BLOCK, index))
-            .chain((0..BLOCK.trailing_zeros()).rev().map(|bit| (1 << bit, 0)))
-            .filter(|(size, index)| *size == BLOCK || (rest & size != 0 && *index == 0));
-        let mut start = 0;
-        sizes
-            .map(|(size, index)| {
-                let block = Block {
-                    map: EndpointMap {
-                        kind: self.kind,
-                        local: self.local,
-                        shape: MapShape::Block { size, index },
-                    },
-                    start,
-                    size,
-                };
-                start += size;
-                block
-            })
-            .collect()
     }
 
     /// The chain the entries' dispatch elements go to. Up to 16 endpoints: a
     /// DNAT to slot `numgen random mod count` of the range's map, one rule per
     /// protocol. Above: the choice of a block, one rule per block.
     pub fn chain(&self) -> Chain {
+        let layout: Vec<Block> = self.layout().collect();
         if !self.in_blocks() {
-            let map = self.layout()[0].map;
-            return Chain {
-                name: self.chain_name(),
-                base: None,
-                comment: None,
-                rules: map.dnat_rules(self.count),
-            };
+            return regular(&self.chain_name(), layout[0].map.dnat_rules(self.count));
         }
-        let layout = self.layout();
         let last = layout.len() - 1;
         let rules = layout
             .iter()
@@ -179,12 +141,45 @@ impl PickGroup {
                 Rule::new(vec![below, goto])
             })
             .collect();
-        Chain {
-            name: self.chain_name(),
-            base: None,
-            comment: None,
-            rules,
+        regular(&self.chain_name(), rules)
+    }
+}
+
+/// A count's blocks, in slot order (`PickGroup::layout`): made as they are
+/// walked, since a full sync walks the layout of every entry.
+pub struct Layout {
+    group: PickGroup,
+    /// The first slot not yet laid.
+    start: u32,
+}
+
+impl Iterator for Layout {
+    type Item = Block;
+
+    fn next(&mut self) -> Option<Block> {
+        let PickGroup { kind, local, count } = self.group;
+        let left = count - self.start;
+        if left == 0 {
+            return None;
         }
+        let (size, shape) = if !self.group.in_blocks() {
+            let up_to = count.next_power_of_two();
+            (left, MapShape::Range { up_to })
+        } else if self.start < count / BLOCK * BLOCK {
+            let index = self.start / BLOCK;
+            (BLOCK, MapShape::Block { size: BLOCK, index })
+        } else {
+            // The highest bit of what is left (less than a block).
+            let size = 1 << left.ilog2();
+            (size, MapShape::Block { size, index: 0 })
+        };
+        let block = Block {
+            map: EndpointMap { kind, local, shape },
+            start: self.start,
+            size,
+        };
+        self.start += size;
+        Some(block)
     }
 }
 
@@ -198,6 +193,13 @@ pub struct Block {
     /// The entry's slot the map's slot 0 stands for.
     pub start: u32,
     pub size: u32,
+}
+
+impl Block {
+    /// Of an entry's endpoints by slot, those this block holds.
+    pub fn held<'a, T>(&self, by_slot: &'a [T]) -> &'a [T] {
+        &by_slot[self.start as usize..(self.start + self.size) as usize]
+    }
 }
 
 /// The largest count in a range's map, whose pick chains are made with the
@@ -242,12 +244,9 @@ impl EndpointMap {
                     .chain()
                 })
                 .collect(),
-            MapShape::Block { size, .. } => vec![Chain {
-                name: self.pick_chain_name(),
-                base: None,
-                comment: None,
-                rules: self.dnat_rules(size),
-            }],
+            MapShape::Block { size, .. } => {
+                vec![regular(&self.pick_chain_name(), self.dnat_rules(size))]
+            }
         }
     }
 
@@ -408,15 +407,14 @@ impl Shared {
                     local: false,
                     count: *count,
                 };
-                vec![Chain {
-                    name: Shared::masquerade_chain_name(*kind, *count),
-                    base: None,
-                    comment: None,
-                    rules: vec![
-                        Rule::new(vec![Stmt::MarkOr(mark)]),
-                        Rule::new(vec![Stmt::Verdict(Verdict::Goto(pick.chain_name()))]),
-                    ],
-                }]
+                let rules = vec![
+                    Rule::new(vec![Stmt::MarkOr(mark)]),
+                    Rule::new(vec![Stmt::Verdict(Verdict::Goto(pick.chain_name()))]),
+                ];
+                vec![regular(
+                    &Shared::masquerade_chain_name(*kind, *count),
+                    rules,
+                )]
             }
         }
     }
@@ -445,18 +443,17 @@ impl EntrySlots {
     /// Each map's elements for this entry: `entry . slot : address . port`,
     /// the slot counted from the map's first.
     pub fn elements(&self) -> impl Iterator<Item = (EndpointMap, Element)> + '_ {
-        self.group().layout().into_iter().flat_map(move |b| {
-            let held = &self.endpoints[b.start as usize..(b.start + b.size) as usize];
-            held.iter()
-                .enumerate()
-                .map(move |(slot, EndpointKey { addr, port })| {
+        self.group().layout().flat_map(move |b| {
+            b.held(&self.endpoints).iter().enumerate().map(
+                move |(slot, EndpointKey { addr, port })| {
                     let element = Element {
                         key: slot_key(&self.entry, slot as u32),
                         value: Some(Mapped::Endpoint(*addr, *port)),
                         comment: None,
                     };
                     (b.map, element)
-                })
+                },
+            )
         })
     }
 }
@@ -481,7 +478,7 @@ mod tests {
     }
 
     fn maps(count: u32) -> Vec<String> {
-        group(count).layout().iter().map(|b| b.map.name()).collect()
+        group(count).layout().map(|b| b.map.name()).collect()
     }
 
     #[test]
@@ -513,7 +510,7 @@ mod tests {
     #[test]
     fn a_layout_covers_every_slot_once_in_order() {
         for count in (1..=2100).chain([10_000, 100_000, 100_001]) {
-            let layout = group(count).layout();
+            let layout: Vec<Block> = group(count).layout().collect();
             let mut next = 0;
             for b in &layout {
                 assert_eq!(b.start, next, "count {count}");
@@ -530,7 +527,8 @@ mod tests {
     fn a_count_change_moves_the_slots_of_few_blocks() {
         // The slots whose map or place in it differ between the two layouts.
         let moved = |a: u32, b: u32| {
-            let (la, lb) = (group(a).layout(), group(b).layout());
+            let (la, lb): (Vec<Block>, Vec<Block>) =
+                (group(a).layout().collect(), group(b).layout().collect());
             let same = |x: &Block| lb.contains(x);
             la.iter().filter(|x| !same(x)).map(|x| x.size).sum::<u32>()
                 + lb.iter()
@@ -560,7 +558,7 @@ mod tests {
         // block's own 1/size: every slot gets 1/count.
         for count in [17, 100, 1024, 1025, 3000, 10_000] {
             let chain = group(count).chain();
-            let layout = group(count).layout();
+            let layout: Vec<Block> = group(count).layout().collect();
             assert_eq!(chain.rules.len(), layout.len());
             let mut left = 1.0f64;
             for (rule, block) in chain.rules.iter().zip(&layout) {
@@ -670,7 +668,7 @@ mod tests {
                 }
             );
         }
-        let map = g.layout()[0].map.set(Family::Ip6);
+        let map = g.layout().next().unwrap().map.set(Family::Ip6);
         assert_eq!(
             map.key,
             vec![KeyType::InetProto, KeyType::InetService, KeyType::Slot]

@@ -19,7 +19,7 @@ use crate::nft::lower::{
     lower_chain, lower_counter, lower_element, lower_key, lower_set, lower_table,
 };
 use crate::nft::names::{table_ids, SET_HAIRPIN};
-use crate::nft::pick::{Block, EndpointMap, EntryKind, MapShape, PickGroup, Shared};
+use crate::nft::pick::{Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared};
 use crate::nft::plan::{diff_rules, Plan};
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{Placement, SlotKey};
@@ -122,7 +122,7 @@ struct PlacedSlots {
 type SlotIndex = HashMap<SlotKey, u32>;
 
 impl PlacedSlots {
-    fn layout(&self) -> Vec<Block> {
+    fn layout(&self) -> Layout {
         PickGroup {
             kind: self.kind,
             local: self.local,
@@ -278,7 +278,8 @@ struct PlacedInViews<'a> {
     views: &'a Views,
     /// Each entry's elements (a run of a sorted endpoint map), by the kind and
     /// policy of the map that holds it and the entry's key: its first run
-    /// found, and the others of an entry in blocks.
+    /// found, and the others of an entry in blocks (apart, so that the many
+    /// entries of one run each cost no vector of their own).
     entries: HashMap<EntryAt<'a>, Run<'a>>,
     more: HashMap<EntryAt<'a>, Vec<Run<'a>>>,
 }
@@ -604,7 +605,7 @@ impl<'v> EndpointMaps<'v> {
                 let seen = vec![false; have.map_or(0, |h| h.len())];
                 MapDiff { name, have, seen }
             });
-            let held = &s.endpoints[block.start as usize..(block.start + block.size) as usize];
+            let held = block.held(&s.endpoints);
             let Some(have) = map.have else {
                 for (rel, ep) in (0..).zip(held) {
                     plan.add_element(s.table, &map.name, s.element(rel, *ep));
@@ -1152,7 +1153,9 @@ fn diff_entry(
     new: Option<&PlacedSlots>,
     moved: &[MovedSlots],
 ) {
-    let layout = |s: Option<&PlacedSlots>| s.map(|s| s.layout()).unwrap_or_default();
+    let layout = |s: Option<&PlacedSlots>| -> Vec<Block> {
+        s.map(|s| s.layout().collect()).unwrap_or_default()
+    };
     let (was_laid, is_laid) = (layout(old), layout(new));
     let compared: Vec<u32> = match new.and_then(|n| moved.iter().find(|m| m.holds(n))) {
         Some(m) => {

@@ -606,7 +606,7 @@ fn shared_port(
             entry: entry.to_vec(),
             endpoints,
         });
-        let maps = group.layout().into_iter().map(|b| Shared::Map(b.map));
+        let maps = group.layout().map(|b| Shared::Map(b.map));
         out.shared.extend(maps);
         out.shared.push(Shared::Pick(group));
         group.chain_name()

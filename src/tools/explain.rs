@@ -343,24 +343,12 @@ impl<'a> Walk<'a> {
                     }
                 }
                 Stmt::NumgenEq { modulus, value: _ } => {
-                    let Some(&hit) = self.choices.get(self.used) else {
-                        return Err(Undecided);
-                    };
-                    self.used += 1;
-                    let p = 1.0 / f64::from(*modulus);
-                    self.share *= if hit { p } else { 1.0 - p };
-                    if !hit {
+                    if !self.choose(1.0 / f64::from(*modulus))? {
                         return Ok(Flow::Continue);
                     }
                 }
                 Stmt::NumgenBelow { modulus, bound } => {
-                    let Some(&hit) = self.choices.get(self.used) else {
-                        return Err(Undecided);
-                    };
-                    self.used += 1;
-                    let p = f64::from(*bound) / f64::from(*modulus);
-                    self.share *= if hit { p } else { 1.0 - p };
-                    if !hit {
+                    if !self.choose(f64::from(*bound) / f64::from(*modulus))? {
                         return Ok(Flow::Continue);
                     }
                 }
@@ -457,18 +445,23 @@ impl<'a> Walk<'a> {
         Ok(Flow::Continue)
     }
 
+    /// This path's next binary choice, true with probability `p`: the path's
+    /// share is multiplied by that of the side it takes.
+    fn choose(&mut self, p: f64) -> Result<bool, Undecided> {
+        let Some(&hit) = self.choices.get(self.used) else {
+            return Err(Undecided);
+        };
+        self.used += 1;
+        self.share *= if hit { p } else { 1.0 - p };
+        Ok(hit)
+    }
+
     /// The slot `numgen random mod n` picks on this path, as the same binary
     /// choices a cascade makes: slot k (from the top) with 1/(k+1) of what is
     /// left, so each path carries exactly 1/n.
     fn pick_slot(&mut self, n: u32) -> Result<u32, Undecided> {
         for k in (1..n).rev() {
-            let Some(&hit) = self.choices.get(self.used) else {
-                return Err(Undecided);
-            };
-            self.used += 1;
-            let p = 1.0 / f64::from(k + 1);
-            self.share *= if hit { p } else { 1.0 - p };
-            if hit {
+            if self.choose(1.0 / f64::from(k + 1))? {
                 return Ok(k);
             }
         }
