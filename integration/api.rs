@@ -450,7 +450,7 @@ fn the_recorded_objects_convert_as_expected() {
     for item in read("list-services.json")["items"].as_array().unwrap() {
         let svc: core::Service = serde_json::from_value(item.clone()).unwrap();
         let name = svc.metadata.name.clone().unwrap();
-        verdicts.push(match convert_service(&svc) {
+        verdicts.push(match convert_service(&svc, &mut Vec::new()) {
             Ok(Converted::Valid(s)) => format!("{name}: valid, {} ports", s.ports.len()),
             Ok(Converted::Skipped(why)) => format!("{name}: skipped, {why:?}"),
             Err(r) => format!("{name}: rejected, {r}"),

@@ -733,11 +733,41 @@ fn a_kube_proxy_config_file_is_applied_and_a_bad_one_stops_the_start_naming_the_
 
     let cleanup = kube_nft_in(c.node(), &["cleanup"]);
     assert!(cleanup.status.success());
+
+    // A field the schema does not have (a newer kube-proxy's, or this typo)
+    // starts kube-nft with a warning naming it, as kube-proxy's lenient
+    // decoding does; the file's logging.format is taken as --logging-format is.
+    let typo = c.scratch.write(
+        "typo.yaml",
+        &KUBEADM_CONFIG
+            .replace("maxPerCore: null", "maxPerCore: 0")
+            .replace("masqueradeAll: true", "masqueradeAl: true")
+            .replace("verbosity: 0}", "verbosity: 0, format: json}"),
+    );
+    let out = run(&typo);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let lines: Vec<serde_json::Value> = err
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let warned: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| {
+            l["level"] == "WARN"
+                && l["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("nftables.masqueradeAl: not a field"))
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "one warning naming the field:\n{err}");
+    assert!(
+        !nft_list(c.node()).contains("masquerade all traffic to ClusterIPs"),
+        "the misspelt field was applied"
+    );
+    assert!(kube_nft_in(c.node(), &["cleanup"]).status.success());
+
     for (bad, field) in [
-        (
-            KUBEADM_CONFIG.replace("masqueradeAll: true", "masqueradeAl: true"),
-            "masqueradeAl",
-        ),
         (
             KUBEADM_CONFIG.replace("maxPerCore: null", "maxPerCore: -1"),
             "conntrack.maxPerCore",
@@ -1124,5 +1154,134 @@ fn the_daemon_runs_with_one_malloc_arena_unless_told_otherwise() {
     assert_eq!(
         tunables_of(&mut d).as_deref(),
         Some("glibc.malloc.arena_max=2")
+    );
+}
+
+/// One value in a Service that does not parse (an external IP here, as old
+/// objects hold) is skipped alone, as kube-proxy skips it: named in the log
+/// and counted, while the Service keeps its ClusterIP and its other external
+/// IP, both answering. The same daemon's metrics port serves the process
+/// metrics that the kubernetes-mixin dashboards read, of this daemon.
+#[test]
+fn a_bad_value_is_skipped_alone_and_the_metrics_port_serves_the_process_metrics() {
+    let c = Cluster::new("badvalue", &WEB_PODS[..1], &[9376]);
+    let text = web(&["10.244.0.11"]).replacen(
+        "  ports:\n",
+        "  externalIPs: [198.51.100.31, 198.51.100.300, 0198.051.100.032]\n  ports:\n",
+        1,
+    );
+    let manifests = c.scratch.write("web.yaml", &text);
+    let d = Daemon::start(c.node(), &manifests, c.scratch.0.join("log"), &[]);
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), WEB_VIP)
+    });
+    for external in ["198.51.100.31:80", "198.51.100.32:80"] {
+        assert!(answers(c.client(), external), "{external} does not answer");
+    }
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("skipped: Service default/web: spec.externalIPs[1]: \"198.51.100.300\" is not an IP address")
+            .count(),
+        1,
+        "{log}"
+    );
+    let (_, metrics) = http_status(c.node(), "127.0.0.1:10249", "/metrics").expect("metrics");
+    assert_eq!(
+        metric(
+            &metrics,
+            "kubenft_skipped_values_total{kind=\"Service\",field=\"spec.externalIPs\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // The process metrics are the daemon's, read beside its /proc.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    let vm_rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap()
+        * 1024.0;
+    let rss = metric(&metrics, "process_resident_memory_bytes").expect("RSS");
+    assert!(
+        (rss - vm_rss).abs() < vm_rss * 0.25,
+        "RSS {rss} against /proc's {vm_rss}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = metric(&metrics, "process_start_time_seconds").expect("start time");
+    assert!(
+        started <= now + 1.0 && started > now - 60.0,
+        "started {started}, now {now}"
+    );
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+        .unwrap()
+        .count() as f64;
+    let open = metric(&metrics, "process_open_fds").expect("open fds");
+    assert!((open - fds).abs() <= 4.0, "{open} open, /proc has {fds}");
+    assert!(metric(&metrics, "process_max_fds").is_some_and(|m| m >= open));
+    assert!(metric(&metrics, "process_cpu_seconds_total").is_some_and(|s| s > 0.0));
+    assert!(metric(&metrics, "process_virtual_memory_bytes").is_some_and(|v| v >= rss));
+}
+
+/// deploy/daemonset.yaml as docs/OPERATIONS.md's "Sizing" explains it: no CPU
+/// limit (it would throttle every full sync), and a memory limit at least 1.25
+/// times the largest peak RSS of the table there, so that a healthy kube-nft
+/// at the largest size measured is never killed.
+#[test]
+fn the_daemonset_is_sized_by_the_table_of_operations_md() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let ds: serde_json::Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(root.join("deploy/daemonset.yaml")).unwrap(),
+    )
+    .unwrap();
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let kube_nft = containers
+        .iter()
+        .find(|c| c["name"] == "kube-nft")
+        .expect("the kube-nft container");
+    let limits = &kube_nft["resources"]["limits"];
+    assert!(limits.get("cpu").is_none(), "a CPU limit: {limits}");
+    let mebibytes = |q: &str| -> f64 {
+        let (n, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+        let n: f64 = n.parse().unwrap();
+        match unit {
+            "Mi" => n,
+            "Gi" => n * 1024.0,
+            other => panic!("unit {other:?} of {q}"),
+        }
+    };
+    let limit = mebibytes(limits["memory"].as_str().expect("a memory limit"));
+    let ops = std::fs::read_to_string(root.join("docs/OPERATIONS.md")).unwrap();
+    let sizing = ops
+        .split("## Sizing")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let peaks: Vec<f64> = sizing
+        .lines()
+        .filter(|l| l.starts_with("| ") && l.contains(" MiB |"))
+        .map(|l| {
+            l.split('|')
+                .nth(2)
+                .unwrap()
+                .trim()
+                .trim_end_matches(" MiB")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(peaks.len() >= 3, "the table of peaks: {sizing}");
+    let largest = peaks.iter().cloned().fold(0.0, f64::max);
+    assert!(
+        limit >= 1.25 * largest,
+        "a limit of {limit} MiB under 1.25 × the largest peak, {largest} MiB"
     );
 }

@@ -2,7 +2,7 @@
 
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use ipnet::IpNet;
-use kube_nft::config;
+use kube_nft::config::{self, LogSettings};
 use kube_nft::core::node_config::{
     ModeName, NodeConfig, NodePortAddresses, DEFAULT_MASQUERADE_BIT,
 };
@@ -222,80 +222,8 @@ struct VersusArgs {
     nft_f_max: usize,
 }
 
-/// kube-proxy's logging flags, so that a DaemonSet's args carry over.
-#[derive(Args, Default)]
-struct LoggingArgs {
-    /// Log verbosity, as kube-proxy's: 0 and 1 log info, 2 to 4 debug, 5 and up
-    /// trace (`RUST_LOG`, when set, wins).
-    #[arg(long = "v", short = 'v', value_name = "LEVEL")]
-    verbosity: Option<u8>,
-    /// Accepted and ignored: kube-nft has no per-file verbosity.
-    #[arg(long, value_name = "PATTERN=N,...")]
-    vmodule: Option<String>,
-    /// `text` (the default) or `json`, one object per line.
-    #[arg(long, value_parser = ["text", "json"])]
-    logging_format: Option<String>,
-    /// Accepted and ignored: kube-nft writes each log line at once, unbuffered.
-    #[arg(long, value_parser = config::parse_duration)]
-    log_flush_frequency: Option<std::time::Duration>,
-    /// Refused: kube-proxy's alpha split-stream option is not supported.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    log_text_split_stream: Option<String>,
-    /// Refused: kube-proxy's alpha split-stream option is not supported.
-    #[arg(long, value_name = "QUANTITY")]
-    log_text_info_buffer_size: Option<String>,
-    /// Refused: kube-proxy's alpha split-stream option is not supported.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
-    log_json_split_stream: Option<String>,
-    /// Refused: kube-proxy's alpha split-stream option is not supported.
-    #[arg(long, value_name = "QUANTITY")]
-    log_json_info_buffer_size: Option<String>,
-}
-
-impl LoggingArgs {
-    /// The log filter `--v` asks for, unless `RUST_LOG` is set.
-    fn filter(&self) -> String {
-        match self.verbosity {
-            None | Some(0..=1) => DEFAULT_LOG_FILTER.into(),
-            Some(2..=4) => "debug,kube_client::client::builder=off".into(),
-            Some(_) => "trace".into(),
-        }
-    }
-
-    /// Each flag kube-nft refuses, by name.
-    fn refused(&self) -> Result<(), String> {
-        for (flag, given) in [
-            (
-                "--log-text-split-stream",
-                self.log_text_split_stream.is_some(),
-            ),
-            (
-                "--log-text-info-buffer-size",
-                self.log_text_info_buffer_size.is_some(),
-            ),
-            (
-                "--log-json-split-stream",
-                self.log_json_split_stream.is_some(),
-            ),
-            (
-                "--log-json-info-buffer-size",
-                self.log_json_info_buffer_size.is_some(),
-            ),
-        ] {
-            if given {
-                return Err(format!(
-                    "{flag}: not supported by kube-nft (logs go to stderr, unbuffered)"
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
 #[derive(Args)]
 struct RunArgs {
-    #[command(flatten)]
-    logging: LoggingArgs,
     #[command(flatten)]
     kube_proxy: config::kube_proxy_flags::KubeProxyFlags,
     #[command(flatten)]
@@ -392,23 +320,29 @@ impl ProxyArgs {
 /// outage once, when it starts, and again when it ends.
 const DEFAULT_LOG_FILTER: &str = "info,kube_client::client::builder=off";
 
+/// The log filter `--v` asks for, as kube-proxy's levels: 0 and 1 log info, 2
+/// to 4 debug, 5 and up trace.
+fn log_filter(verbosity: u8) -> &'static str {
+    match verbosity {
+        0..=1 => DEFAULT_LOG_FILTER,
+        2..=4 => "debug,kube_client::client::builder=off",
+        _ => "trace",
+    }
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` or else by `run --v`, as text or JSON.
-fn init_logging(logging: Option<&LoggingArgs>) {
-    let fallback = logging.map_or_else(|| DEFAULT_LOG_FILTER.into(), LoggingArgs::filter);
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| fallback.into());
+fn init_logging(logging: LogSettings) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| log_filter(logging.verbosity).into());
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter);
-    if logging.and_then(|l| l.logging_format.as_deref()) == Some("json") {
+    if logging.json {
         builder.json().init();
     } else {
         builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
-    }
-    if logging.is_some_and(|l| l.vmodule.is_some()) {
-        tracing::warn!("--vmodule is accepted and ignored: kube-nft has no per-file verbosity");
     }
 }
 
@@ -447,15 +381,14 @@ fn main() -> ExitCode {
         Command::Run(_) => kube_nft::node::malloc_arena::reexec_with_one_arena(),
         _ => None,
     };
-    init_logging(match &cli.command {
-        Command::Run(args) => Some(&args.logging),
-        _ => None,
+    let reexec_warning = reexec_failed.map(|e| {
+        format!("running with glibc's malloc arenas: executing again with one failed: {e}")
     });
-    if let Some(e) = reexec_failed {
-        tracing::warn!("running with glibc's malloc arenas: executing again with one failed: {e}");
+    if !matches!(cli.command, Command::Run(_)) {
+        init_logging(LogSettings::default());
     }
     let result: Result<bool, String> = match cli.command {
-        Command::Run(args) => run(&args, &flag_values(&command, &matches)),
+        Command::Run(args) => run(&args, &flag_values(&command, &matches), reexec_warning),
         Command::Render { proxy } => {
             proxy
                 .config_here()
@@ -518,20 +451,38 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &RunArgs, flags_given: &[(String, String)]) -> Result<bool, String> {
+/// `run`: logging starts once the flags and the file are resolved, as they
+/// both choose its format and level; what they ignore is said then, once.
+fn run(
+    args: &RunArgs,
+    flags_given: &[(String, String)],
+    reexec_warning: Option<String>,
+) -> Result<bool, String> {
     if args.kube_proxy.version {
         println!("kube-nft {}", env!("CARGO_PKG_VERSION"));
         return Ok(true);
     }
-    args.logging.refused()?;
     let mut flags = args.flags.clone();
-    for warning in args.kube_proxy.apply(&mut flags)? {
+    let mut warnings: Vec<String> = reexec_warning.into_iter().collect();
+    warnings.extend(args.kube_proxy.apply(&mut flags)?);
+    let settings = if args.cleanup {
+        None
+    } else {
+        Some(config::resolve(&flags)?)
+    };
+    init_logging(settings.as_ref().map(|s| s.logging).unwrap_or(LogSettings {
+        json: flags.log_format.as_deref() == Some("json"),
+        verbosity: flags.verbosity.unwrap_or(0),
+    }));
+    for warning in warnings
+        .iter()
+        .chain(settings.iter().flat_map(|s| &s.warnings))
+    {
         tracing::warn!("{warning}");
     }
-    if args.cleanup {
+    let Some(settings) = settings else {
         return cleanup();
-    }
-    let settings = config::resolve(&flags)?;
+    };
     if args.init_only == Some(true) {
         kube_nft::node::conntrack_sysctls::settle(&settings.conntrack)?;
         return Ok(true);

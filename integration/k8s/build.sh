@@ -8,7 +8,8 @@
 #
 # The version is K8S_VERSION (default below); the binaries are cached outside the
 # checkout, in $KUBE_NFT_CACHE/k8s-VERSION-static/bin (default /var/cache/kube-nft),
-# so a second run builds nothing. The build uses the machine's Go (GOTOOLCHAIN=local):
+# so a second run builds nothing. K8S_COMPONENTS (space-separated) builds only
+# those, and no etcd (integration/k8s/kubeadm-configs.sh wants kubeadm alone). The build uses the machine's Go (GOTOOLCHAIN=local):
 # Go 1.27's JSON changes break the API server's /openapi/v2. Like upstream's
 # release binaries they are static (CGO_ENABLED=0), so that the component images
 # of the kind node can hold the binary alone.
@@ -19,7 +20,8 @@
 set -euo pipefail
 version=${K8S_VERSION:-1.36.3}
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/k8s-$version-static
-components=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet kubeadm)
+read -ra components <<<"${K8S_COMPONENTS:-kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl kubelet kubeadm}"
+with_etcd=${K8S_COMPONENTS:+no}
 # What kubeadm v1.36.3 deploys (cmd/kubeadm/app/constants). Debian's etcd,
 # 3.4.23, is older than the 3.4.31 and 3.5.13 whose watch progress the API
 # server trusts: with it, consistent lists are read from etcd, not served from
@@ -34,14 +36,14 @@ exec {lock}>"$cache/.lock"
 flock "$lock"
 missing=()
 for c in "${components[@]}"; do [ -x "$cache/bin/$c" ] || missing+=("$c"); done
-if ((${#missing[@]} == 0)) && [ -x "$cache/bin/etcd" ]; then
+if ((${#missing[@]} == 0)) && { [ "$with_etcd" = no ] || [ -x "$cache/bin/etcd" ]; }; then
   echo "$cache/bin"
   exit 0
 fi
 
 command -v go >/dev/null || { echo "k8s: building Kubernetes needs Go (1.26)" >&2; exit 1; }
 mkdir -p "$cache/bin"
-if [ ! -x "$cache/bin/etcd" ]; then
+if [ "$with_etcd" != no ] && [ ! -x "$cache/bin/etcd" ]; then
   echo "k8s: building etcd $etcd_version" >&2
   # In a module of its own, so that etcd's go.mod chooses its dependencies.
   mkdir -p "$cache/etcd-module"

@@ -5,8 +5,10 @@ use super::*;
 
 // The file, field for field. `Option` everywhere: absent and null are the same.
 
+type Unknown = BTreeMap<String, serde_json::Value>;
+
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct FileConfig {
     pub(super) api_version: Option<String>,
     pub(super) kind: Option<String>,
@@ -35,39 +37,73 @@ pub(super) struct FileConfig {
     pub(super) config_sync_period: Option<String>,
     pub(super) port_range: Option<String>,
     pub(super) windows_run_as_service: Option<bool>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct ClientConnection {
     pub(super) kubeconfig: Option<String>,
     pub(super) accept_content_types: Option<String>,
     pub(super) content_type: Option<String>,
     pub(super) qps: Option<f64>,
     pub(super) burst: Option<i64>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct Logging {
     pub(super) format: Option<String>,
-    pub(super) flush_frequency: Option<serde_json::Value>,
-    pub(super) verbosity: Option<u32>,
+    /// Accepted and ignored: kube-nft writes each line at once, unbuffered.
+    #[serde(rename = "flushFrequency")]
+    pub(super) _flush_frequency: Option<serde_json::Value>,
+    pub(super) verbosity: Option<u8>,
     pub(super) vmodule: Option<serde_json::Value>,
-    pub(super) options: Option<serde_json::Value>,
+    pub(super) options: Option<LoggingOptions>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
+pub(super) struct LoggingOptions {
+    pub(super) text: Option<StreamOptions>,
+    pub(super) json: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
+}
+
+/// kube-proxy's alpha split-stream options, per format.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StreamOptions {
+    pub(super) split_stream: Option<bool>,
+    /// A quantity: `"0"`, `0` or `"64Ki"`.
+    pub(super) info_buffer_size: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub(super) struct NftablesSection {
     pub(super) masquerade_bit: Option<i32>,
     pub(super) masquerade_all: Option<bool>,
     pub(super) sync_period: Option<String>,
     pub(super) min_sync_period: Option<String>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct IptablesSection {
     pub(super) masquerade_bit: Option<i32>,
     pub(super) masquerade_all: Option<bool>,
@@ -76,10 +112,13 @@ pub(super) struct IptablesSection {
     pub(super) snat_node_internal_ip: Option<bool>,
     pub(super) sync_period: Option<String>,
     pub(super) min_sync_period: Option<String>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct IpvsSection {
     pub(super) sync_period: Option<String>,
     pub(super) min_sync_period: Option<String>,
@@ -91,10 +130,13 @@ pub(super) struct IpvsSection {
     pub(super) tcp_timeout: Option<String>,
     pub(super) tcp_fin_timeout: Option<String>,
     pub(super) udp_timeout: Option<String>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct WinkernelSection {
     pub(super) network_name: Option<String>,
     pub(super) source_vip: Option<String>,
@@ -102,17 +144,23 @@ pub(super) struct WinkernelSection {
     pub(super) enable_dsr: Option<bool>,
     pub(super) root_hns_endpoint_name: Option<String>,
     pub(super) forward_health_check_vip: Option<bool>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct DetectLocalSection {
     pub(super) bridge_interface: Option<String>,
     pub(super) interface_name_prefix: Option<String>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub(super) struct ConntrackSection {
     pub(super) max_per_core: Option<i32>,
     pub(super) min: Option<i32>,
@@ -121,6 +169,9 @@ pub(super) struct ConntrackSection {
     pub(super) tcp_be_liberal: Option<bool>,
     pub(super) udp_timeout: Option<String>,
     pub(super) udp_stream_timeout: Option<String>,
+    /// Fields this schema does not have (a newer kube-proxy's, or a typo).
+    #[serde(flatten)]
+    pub(super) unknown: Unknown,
 }
 
 impl FileConfig {
@@ -154,79 +205,89 @@ impl FileConfig {
                 file.kind.as_deref().unwrap_or_default()
             )));
         }
-        file.check_unsupported().map_err(at)?;
         Ok(file)
     }
 
-    /// Fields of the schema that kube-nft does not implement must be at zero.
-    fn check_unsupported(&self) -> Result<(), String> {
-        if let Some(gates) = &self.feature_gates {
-            if let Some((gate, _)) = gates.iter().next() {
-                return Err(format!(
-                    "featureGates.{gate}: kube-nft has no feature gates; remove it"
-                ));
+    /// Checks what the resolver does not read: a value kube-nft cannot honour
+    /// is an error naming its field; one it has no use for, and a field the
+    /// schema does not have (kube-proxy decodes v1alpha1 leniently too), is a
+    /// warning. kubeadm writes every field at its zero value, which says nothing.
+    pub(super) fn check(&self) -> Result<Vec<String>, String> {
+        let mut ignored_here: Vec<&str> = Vec::new();
+        let mut warn_if = |set: bool, name: &'static str| {
+            if set {
+                ignored_here.push(name);
             }
+        };
+        let mut warnings = Vec::new();
+        let text_set = |v: &Option<String>| v.as_deref().is_some_and(|t| !t.is_empty());
+        let duration_set = |field: &str, v: &Option<String>| -> Result<bool, String> {
+            Ok(duration_field(field, v)?.is_some())
+        };
+        if let Some(gates) = self.feature_gates.as_ref().filter(|g| !g.is_empty()) {
+            let named: Vec<String> = gates.iter().map(|(g, on)| format!("{g}={on}")).collect();
+            warnings.push(format!("{} ({})", ignored("featureGates"), named.join(",")));
         }
-        check_mode(self.mode.as_deref().unwrap_or_default(), "mode")?;
         if let Some(c) = &self.client_connection {
-            must_be_unset(
+            warn_if(
+                text_set(&c.accept_content_types),
                 "clientConnection.acceptContentTypes",
-                &c.accept_content_types,
-                "kube-nft always speaks JSON",
-            )?;
-            must_be_unset(
-                "clientConnection.contentType",
-                &c.content_type,
-                "kube-nft always speaks JSON",
-            )?;
-            // qps and burst limit kube-proxy's requests; a watch-only client has no use for them.
-            let _ = (c.qps, c.burst);
+            );
+            warn_if(text_set(&c.content_type), "clientConnection.contentType");
+            warn_if(c.qps.is_some_and(|q| q != 0.0), "clientConnection.qps");
+            warn_if(c.burst.is_some_and(|b| b != 0), "clientConnection.burst");
         }
         if let Some(l) = &self.logging {
-            must_be_unset(
-                "logging.format",
-                &l.format.clone().filter(|f| f != "text"),
-                "kube-nft logs text (set RUST_LOG for the level)",
-            )?;
-            let _ = (&l.flush_frequency, l.verbosity, &l.vmodule, &l.options);
+            log_format(l.format.as_deref(), "logging.format")?;
+            let vmodule_set = l.vmodule.as_ref().is_some_and(|v| match v {
+                serde_json::Value::Null => false,
+                serde_json::Value::String(s) => !s.is_empty(),
+                serde_json::Value::Array(a) => !a.is_empty(),
+                serde_json::Value::Object(o) => !o.is_empty(),
+                _ => true,
+            });
+            warn_if(vmodule_set, "logging.vmodule");
+            let options = l.options.as_ref();
+            for (format, o) in [
+                ("text", options.and_then(|o| o.text.as_ref())),
+                ("json", options.and_then(|o| o.json.as_ref())),
+            ] {
+                let Some(o) = o else { continue };
+                let size = match &o.info_buffer_size {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::String(s)) => Some(s.clone()),
+                    Some(other) => Some(other.to_string()),
+                };
+                split_stream(
+                    &format!("logging.options.{format}.splitStream"),
+                    o.split_stream.map(|b| b.to_string()).as_deref(),
+                )?;
+                split_stream(
+                    &format!("logging.options.{format}.infoBufferSize"),
+                    size.as_deref(),
+                )?;
+            }
         }
-        match self.bind_address.as_deref().unwrap_or_default() {
-            "" | "0.0.0.0" | "::" => {}
-            other => return Err(format!("bindAddress: {other:?}: overriding the node's primary IP is not supported; leave it unset")),
-        }
-        must_be_unset(
+        check_bind_address("bindAddress", self.bind_address.as_deref())?;
+        warn_if(
+            self.bind_address_hard_fail == Some(true),
             "bindAddressHardFail",
-            &self.bind_address_hard_fail,
-            "kube-nft logs a port it cannot bind and tries it again every 5 s (kube-proxy's default)",
-        )?;
-        must_be_unset(
-            "enableProfiling",
-            &self.enable_profiling,
-            "kube-nft has no profiling endpoint",
-        )?;
-        must_be_unset(
+        );
+        warn_if(self.enable_profiling == Some(true), "enableProfiling");
+        warn_if(
+            text_set(&self.show_hidden_metrics_for_version),
             "showHiddenMetricsForVersion",
-            &self.show_hidden_metrics_for_version,
-            "kube-nft hides no metrics",
-        )?;
+        );
         if let Some(i) = &self.iptables {
-            let why = "kube-nft runs nftables: set it in the nftables section";
-            must_be_unset("iptables.masqueradeBit", &i.masquerade_bit, why)?;
-            must_be_unset("iptables.masqueradeAll", &i.masquerade_all, why)?;
-            must_be_unset(
-                "iptables.localhostNodePorts",
-                &i.localhost_node_ports,
-                "kube-nft never serves NodePorts on loopback",
-            )?;
-            must_be_unset(
+            masquerade_bit("iptables.masqueradeBit", i.masquerade_bit)?;
+            warn_if(
+                i.snat_node_internal_ip == Some(true),
                 "iptables.snatNodeInternalIP",
-                &i.snat_node_internal_ip,
-                "it is an iptables-mode option",
-            )?;
-            duration_field("iptables.syncPeriod", &i.sync_period)?
-                .map_or(Ok(()), |_| Err(format!("iptables.syncPeriod: {why}")))?;
-            duration_field("iptables.minSyncPeriod", &i.min_sync_period)?
-                .map_or(Ok(()), |_| Err(format!("iptables.minSyncPeriod: {why}")))?;
+            );
+            warn_if(
+                i.localhost_node_ports == Some(true),
+                "iptables.localhostNodePorts",
+            );
         }
         if let Some(v) = &self.ipvs {
             // Checked now so that a file written for the IPVS backend is right
@@ -252,43 +313,84 @@ impl FileConfig {
             }
         }
         if let Some(w) = &self.winkernel {
-            let why = "it is a Windows option";
-            must_be_unset("winkernel.networkName", &w.network_name, why)?;
-            must_be_unset("winkernel.sourceVip", &w.source_vip, why)?;
-            must_be_unset("winkernel.enableDSR", &w.enable_dsr, why)?;
-            must_be_unset(
-                "winkernel.rootHnsEndpointName",
-                &w.root_hns_endpoint_name,
-                why,
-            )?;
-            must_be_unset(
-                "winkernel.forwardHealthCheckVip",
-                &w.forward_health_check_vip,
-                why,
-            )?;
+            let set = text_set(&w.network_name)
+                || text_set(&w.source_vip)
+                || text_set(&w.root_hns_endpoint_name)
+                || w.enable_dsr == Some(true)
+                || w.forward_health_check_vip == Some(true);
+            warn_if(set, "winkernel");
         }
-        must_be_unset(
+        warn_if(
+            self.windows_run_as_service == Some(true),
             "windowsRunAsService",
-            &self.windows_run_as_service,
-            "it is a Windows option",
-        )?;
+        );
         if let Some(d) = &self.detect_local {
-            let why = "detectLocalMode BridgeInterface and InterfaceNamePrefix are not supported";
-            must_be_unset("detectLocal.bridgeInterface", &d.bridge_interface, why)?;
-            must_be_unset(
-                "detectLocal.interfaceNamePrefix",
-                &d.interface_name_prefix,
-                why,
-            )?;
+            // Read only in the detect-local modes kube-nft refuses (detectLocalMode).
+            warn_if(
+                text_set(&d.bridge_interface) || text_set(&d.interface_name_prefix),
+                "detectLocal",
+            );
         }
-        // configSyncPeriod is the informers' resync; watches need none.
-        duration_field("configSyncPeriod", &self.config_sync_period)?;
-        must_be_unset(
-            "portRange",
-            &self.port_range,
-            "it was the userspace proxy's, which is gone",
-        )?;
-        check_oom_score_adj("oomScoreAdj", self.oom_score_adj)
+        warn_if(
+            duration_set("configSyncPeriod", &self.config_sync_period)?,
+            "configSyncPeriod",
+        );
+        warn_if(text_set(&self.port_range), "portRange");
+        check_oom_score_adj("oomScoreAdj", self.oom_score_adj)?;
+        warnings.extend(ignored_here.into_iter().map(ignored));
+        warnings.extend(self.unknown_fields().into_iter().map(|field| {
+            format!("{field}: not a field of {API_VERSION} as kube-nft knows it (kube-proxy 1.37); ignored")
+        }));
+        Ok(warnings)
+    }
+
+    /// Every field the schema does not have, by its path.
+    fn unknown_fields(&self) -> Vec<String> {
+        fn under<'a>(prefix: &str, unknown: &'a Unknown) -> impl Iterator<Item = String> + 'a {
+            let prefix = prefix.to_string();
+            unknown.keys().map(move |k| format!("{prefix}{k}"))
+        }
+        let mut out: Vec<String> = under("", &self.unknown).collect();
+        let sections: [(&str, Option<&Unknown>); 9] = [
+            (
+                "clientConnection.",
+                self.client_connection.as_ref().map(|s| &s.unknown),
+            ),
+            ("logging.", self.logging.as_ref().map(|s| &s.unknown)),
+            ("iptables.", self.iptables.as_ref().map(|s| &s.unknown)),
+            ("ipvs.", self.ipvs.as_ref().map(|s| &s.unknown)),
+            ("nftables.", self.nftables.as_ref().map(|s| &s.unknown)),
+            ("winkernel.", self.winkernel.as_ref().map(|s| &s.unknown)),
+            (
+                "detectLocal.",
+                self.detect_local.as_ref().map(|s| &s.unknown),
+            ),
+            ("conntrack.", self.conntrack.as_ref().map(|s| &s.unknown)),
+            (
+                "logging.options.",
+                self.logging
+                    .as_ref()
+                    .and_then(|l| l.options.as_ref())
+                    .map(|o| &o.unknown),
+            ),
+        ];
+        for (prefix, unknown) in sections {
+            out.extend(unknown.into_iter().flat_map(|u| under(prefix, u)));
+        }
+        let options = self.logging.as_ref().and_then(|l| l.options.as_ref());
+        for (prefix, o) in [
+            (
+                "logging.options.text.",
+                options.and_then(|o| o.text.as_ref()),
+            ),
+            (
+                "logging.options.json.",
+                options.and_then(|o| o.json.as_ref()),
+            ),
+        ] {
+            out.extend(o.into_iter().flat_map(|o| under(prefix, &o.unknown)));
+        }
+        out
     }
 }
 

@@ -1,15 +1,48 @@
 //! The rest of kube-proxy 1.36's flags, so that a DaemonSet's args carry over
 //! when kube-nft replaces kube-proxy. Each flag is taken (it means the same
 //! here), accepted and ignored with a warning (it has no meaning for kube-nft),
-//! or refused by name (it asks for something kube-nft does not do). The flags
-//! both share (`--config`, `--kubeconfig`, `--cluster-cidr`, …) are `run`'s own;
-//! the logging flags are `main`'s. docs/OPERATIONS.md lists every flag.
+//! or refused by name (it asks for something kube-nft does not do), for the
+//! same reason as the config file's field that means the same (`super::IGNORED`
+//! and the checks both call). The flags both share (`--config`, `--kubeconfig`,
+//! `--cluster-cidr`, …) are `run`'s own. docs/OPERATIONS.md lists every flag.
 
-use super::{parse_duration, Flags};
+use super::{check_bind_address, ignored, is_noop, parse_duration, split_stream, Flags};
 use std::time::Duration;
+
+/// kube-proxy's logging flags.
+#[derive(clap::Args, Debug, Default)]
+pub struct LoggingFlags {
+    /// Log verbosity, as kube-proxy's: 0 and 1 log info, 2 to 4 debug, 5 and up
+    /// trace (`RUST_LOG`, when set, wins). The file's `logging.verbosity`.
+    #[arg(long = "v", short = 'v', value_name = "LEVEL")]
+    pub verbosity: Option<u8>,
+    /// Accepted and ignored: kube-nft has no per-file verbosity.
+    #[arg(long, value_name = "PATTERN=N,...")]
+    pub vmodule: Option<String>,
+    /// `text` (the default) or `json`, one object per line. The file's `logging.format`.
+    #[arg(long, value_parser = ["text", "json"])]
+    pub logging_format: Option<String>,
+    /// Accepted and ignored: kube-nft writes each log line at once, unbuffered.
+    #[arg(long, value_parser = parse_duration)]
+    pub log_flush_frequency: Option<Duration>,
+    /// Refused unless false: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub log_text_split_stream: Option<String>,
+    /// Refused unless 0: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "QUANTITY")]
+    pub log_text_info_buffer_size: Option<String>,
+    /// Refused unless false: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub log_json_split_stream: Option<String>,
+    /// Refused unless 0: kube-proxy's alpha split-stream option is not supported.
+    #[arg(long, value_name = "QUANTITY")]
+    pub log_json_info_buffer_size: Option<String>,
+}
 
 #[derive(clap::Args, Debug, Default)]
 pub struct KubeProxyFlags {
+    #[command(flatten)]
+    pub logging: LoggingFlags,
     /// kube-proxy's name for `--masquerade-bit`.
     #[arg(long, value_name = "BIT")]
     pub iptables_masquerade_bit: Option<u8>,
@@ -79,7 +112,7 @@ pub struct KubeProxyFlags {
     pub ipvs_udp_timeout: Option<String>,
 
     // Refused.
-    /// Refused: the node's addresses come from its Node object.
+    /// Refused unless 0.0.0.0 or ::: the node's addresses come from its Node object.
     #[arg(long, value_name = "IP")]
     pub bind_address: Option<String>,
     /// Refused: detect-local mode BridgeInterface is not built.
@@ -93,22 +126,22 @@ pub struct KubeProxyFlags {
     pub write_config_to: Option<String>,
 }
 
-/// A value that asks for nothing: zero, a zero duration, or false.
-fn is_noop(value: &str) -> bool {
-    matches!(value.trim(), "0" | "false") || parse_duration(value).is_ok_and(|d| d.is_zero())
-}
-
 impl KubeProxyFlags {
     /// Folds the flags that mean the same into `flags` (without overriding
     /// kube-nft's own), and returns a warning for each one accepted and ignored.
     /// A flag kube-nft refuses is an error naming it.
     pub fn apply(&self, flags: &mut Flags) -> Result<Vec<String>, String> {
+        check_bind_address("--bind-address", self.bind_address.as_deref())?;
+        let l = &self.logging;
+        for (flag, value) in [
+            ("--log-text-split-stream", &l.log_text_split_stream),
+            ("--log-text-info-buffer-size", &l.log_text_info_buffer_size),
+            ("--log-json-split-stream", &l.log_json_split_stream),
+            ("--log-json-info-buffer-size", &l.log_json_info_buffer_size),
+        ] {
+            split_stream(flag, value.as_deref())?;
+        }
         let refused = [
-            (
-                "--bind-address",
-                &self.bind_address,
-                "the node's addresses come from its Node object",
-            ),
             (
                 "--pod-bridge-interface",
                 &self.pod_bridge_interface,
@@ -153,7 +186,9 @@ impl KubeProxyFlags {
             .or(self.ipvs_min_sync_period)
             .or(self.iptables_min_sync_period);
         flags.oom_score_adj = flags.oom_score_adj.or(self.oom_score_adj);
-        let ignored = [
+        flags.log_format = l.logging_format.clone();
+        flags.verbosity = l.verbosity;
+        let accepted = [
             ("--config-sync-period", &self.config_sync_period),
             ("--kube-api-qps", &self.kube_api_qps),
             ("--kube-api-burst", &self.kube_api_burst),
@@ -170,15 +205,17 @@ impl KubeProxyFlags {
                 "--iptables-localhost-nodeports",
                 &self.iptables_localhost_nodeports,
             ),
-            ("--feature-gates", &self.feature_gates),
+            ("--vmodule", &l.vmodule),
         ];
-        Ok(ignored
+        let mut warnings: Vec<String> = accepted
             .into_iter()
-            .filter(|(_, v)| v.is_some())
-            .map(|(flag, _)| {
-                format!("{flag} is kube-proxy's; accepted and ignored (see docs/OPERATIONS.md)")
-            })
-            .collect())
+            .filter(|(_, v)| v.as_deref().is_some_and(|v| !is_noop(v)))
+            .map(|(flag, _)| ignored(flag))
+            .collect();
+        if let Some(gates) = &self.feature_gates {
+            warnings.push(format!("{} ({gates})", ignored("--feature-gates")));
+        }
+        Ok(warnings)
     }
 }
 

@@ -3,9 +3,13 @@
 //!
 //! A flag given on the command line wins over the file, and the file over the
 //! defaults (kube-proxy's nftables defaults). Every field of the v1alpha1 schema
-//! is known here: a field we implement is used, a field we do not is accepted only
-//! at its zero value (kubeadm writes them all), and anything else, including a
-//! misspelt field, stops the start with a message naming the field.
+//! (kube-proxy 1.37's) is known here: a field we implement is used; one we have
+//! no use for is accepted, with a warning unless it is at its zero value (kubeadm
+//! writes them all); one asking for what kube-nft does not do stops the start
+//! with a message naming it. A field the schema does not have (a newer
+//! kube-proxy's, or a typo) is warned about by name and ignored, as kube-proxy's
+//! lenient decoding does. A setting both the file and a flag carry is treated
+//! alike in both (`IGNORED`, and the checks both call).
 
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
@@ -99,6 +103,12 @@ pub struct Flags {
     /// kube-proxy's `--oom-score-adj` (set through `KubeProxyFlags`).
     #[arg(skip)]
     pub oom_score_adj: Option<i32>,
+    /// kube-proxy's `--logging-format` (set through `KubeProxyFlags`).
+    #[arg(skip)]
+    pub log_format: Option<String>,
+    /// kube-proxy's `--v` (set through `KubeProxyFlags`).
+    #[arg(skip)]
+    pub verbosity: Option<u8>,
     #[command(flatten)]
     pub conntrack: ConntrackFlags,
     /// Count every Service port's packets and bytes (see `kube-nft top`).
@@ -216,9 +226,20 @@ impl ConnectionSettings {
     }
 }
 
+/// How `run` logs: kube-proxy's `--logging-format`/`logging.format` and
+/// `--v`/`logging.verbosity`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogSettings {
+    pub json: bool,
+    pub verbosity: u8,
+}
+
 /// Everything `run` needs, resolved and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
+    pub logging: LogSettings,
+    /// What was accepted and ignored, each said once when logging starts.
+    pub warnings: Vec<String>,
     pub source: Source,
     pub node_name: String,
     pub node: NodeConfig,
@@ -335,14 +356,114 @@ fn detect_local(mode: &str, field: &str) -> Result<DetectLocal, String> {
     }
 }
 
-/// The config file's `mode`: whether it is IPVS (`--proxy-mode` is checked by clap).
-fn check_mode(mode: &str, field: &str) -> Result<bool, String> {
-    match ProxyMode::named(mode) {
-        Some(m) => Ok(m.is_ipvs()),
-        None => Err(format!(
-            "{field}: {mode:?} is not supported by kube-nft ({})",
-            ModeName::names().join(" or ")
-        )),
+/// The config file's `mode` (`--proxy-mode` is checked by clap). Empty is
+/// kube-proxy's default, iptables.
+fn file_mode(mode: &str) -> Result<ModeName, String> {
+    if mode.is_empty() {
+        return Ok(ModeName::Iptables);
+    }
+    <ModeName as clap::ValueEnum>::from_str(mode, false).map_err(|_| {
+        format!(
+            "mode: {mode:?} is not supported by kube-nft ({})",
+            ModeName::names().join(", ")
+        )
+    })
+}
+
+/// The settings kube-proxy reads from the section of its mode (its v1alpha1
+/// conversion): masqueradeAll and the sync periods from the mode's own section,
+/// the masquerade bit from nftables' in nftables mode and from iptables'
+/// otherwise (IPVS marks with it too).
+struct ModeSection<'a> {
+    name: &'static str,
+    masquerade_all: Option<bool>,
+    masquerade_bit: (&'static str, Option<i32>),
+    sync_period: &'a Option<String>,
+    min_sync_period: &'a Option<String>,
+}
+
+impl<'a> ModeSection<'a> {
+    fn of(
+        mode: ModeName,
+        nft: &'a file::NftablesSection,
+        ipt: &'a file::IptablesSection,
+        ipvs: &'a file::IpvsSection,
+    ) -> ModeSection<'a> {
+        let ipt_bit = ("iptables.masqueradeBit", ipt.masquerade_bit);
+        match mode {
+            ModeName::Nftables => ModeSection {
+                name: "nftables",
+                masquerade_all: nft.masquerade_all,
+                masquerade_bit: ("nftables.masqueradeBit", nft.masquerade_bit),
+                sync_period: &nft.sync_period,
+                min_sync_period: &nft.min_sync_period,
+            },
+            ModeName::Iptables => ModeSection {
+                name: "iptables",
+                masquerade_all: ipt.masquerade_all,
+                masquerade_bit: ipt_bit,
+                sync_period: &ipt.sync_period,
+                min_sync_period: &ipt.min_sync_period,
+            },
+            ModeName::Ipvs => ModeSection {
+                name: "ipvs",
+                masquerade_all: ipt.masquerade_all,
+                masquerade_bit: ipt_bit,
+                sync_period: &ipvs.sync_period,
+                min_sync_period: &ipvs.min_sync_period,
+            },
+        }
+    }
+
+    /// The fields of the other sections that are set, and so ignored.
+    fn unread(
+        &self,
+        nft: &file::NftablesSection,
+        ipt: &file::IptablesSection,
+    ) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        let sections = [
+            (
+                "nftables",
+                nft.masquerade_all,
+                nft.masquerade_bit,
+                &nft.sync_period,
+                &nft.min_sync_period,
+            ),
+            (
+                "iptables",
+                ipt.masquerade_all,
+                ipt.masquerade_bit,
+                &ipt.sync_period,
+                &ipt.min_sync_period,
+            ),
+        ];
+        for (section, all, bit, sync, min_sync) in sections {
+            let field = |f: &str| format!("{section}.{f}");
+            let read_all = self.name == section || (section == "iptables" && self.name == "ipvs");
+            let read_bit = self.masquerade_bit.0 == field("masqueradeBit");
+            let set = [
+                ("masqueradeAll", all == Some(true) && !read_all),
+                ("masqueradeBit", bit.is_some() && !read_bit),
+                (
+                    "syncPeriod",
+                    self.name != section && duration_field(&field("syncPeriod"), sync)?.is_some(),
+                ),
+                (
+                    "minSyncPeriod",
+                    self.name != section
+                        && duration_field(&field("minSyncPeriod"), min_sync)?.is_some(),
+                ),
+            ];
+            out.extend(set.into_iter().filter(|(_, set)| *set).map(|(f, _)| {
+                format!(
+                    "{} is accepted and ignored: kube-proxy reads it only in {section} mode, and the mode is {}",
+                    field(f),
+                    self.name
+                )
+            }));
+        }
+        Ok(out)
     }
 }
 
@@ -356,15 +477,128 @@ fn bind_address(text: &str, field: &str) -> Result<Option<SocketAddr>, String> {
         .map_err(|_| format!("{field}: {text:?} is not an address and port (like 0.0.0.0:10256)"))
 }
 
-/// Fails naming `field` unless `value` is its zero value (unset, false, 0, "").
-fn must_be_unset<T: PartialEq + Default + std::fmt::Debug>(
-    field: &str,
-    value: &Option<T>,
-    why: &str,
-) -> Result<(), String> {
+/// kube-proxy's settings that kube-nft accepts and ignores: the file's field,
+/// the flag, and one reason for both, so that both warn alike.
+const IGNORED: &[(&str, &str, &str)] = &[
+    (
+        "featureGates",
+        "--feature-gates",
+        "kube-nft has no feature gates: what kube-proxy's gate is either always on or not built (docs/OPERATIONS.md)",
+    ),
+    (
+        "clientConnection.contentType",
+        "--kube-api-content-type",
+        "kube-nft talks JSON to the API server",
+    ),
+    (
+        "clientConnection.acceptContentTypes",
+        "",
+        "kube-nft talks JSON to the API server",
+    ),
+    (
+        "clientConnection.qps",
+        "--kube-api-qps",
+        "kube-nft's watches ask the API server little and are not throttled",
+    ),
+    (
+        "clientConnection.burst",
+        "--kube-api-burst",
+        "kube-nft's watches ask the API server little and are not throttled",
+    ),
+    (
+        "logging.vmodule",
+        "--vmodule",
+        "kube-nft has no per-file verbosity",
+    ),
+    (
+        "bindAddressHardFail",
+        "--bind-address-hard-fail",
+        "a port that cannot be bound is logged and tried again every 5 s",
+    ),
+    (
+        "enableProfiling",
+        "--profiling",
+        "kube-nft serves no profiling endpoint",
+    ),
+    (
+        "showHiddenMetricsForVersion",
+        "--show-hidden-metrics-for-version",
+        "kube-nft hides no metrics",
+    ),
+    (
+        "iptables.localhostNodePorts",
+        "--iptables-localhost-nodeports",
+        "NodePorts are never served on loopback (as in kube-proxy's nftables mode)",
+    ),
+    (
+        "nodePortAddresses: localhost",
+        "--nodeport-addresses localhost",
+        "NodePorts are never served on loopback (kube-proxy's nftables mode serves TCP there only behind its alpha gate KubeProxyNFTablesLocalhostNodePorts)",
+    ),
+    (
+        "configSyncPeriod",
+        "--config-sync-period",
+        "the watches keep the model current without a periodic relist",
+    ),
+    (
+        "portRange",
+        "",
+        "it was the userspace proxy's, which is gone",
+    ),
+    ("winkernel", "", "it is a Windows option"),
+    ("windowsRunAsService", "", "it is a Windows option"),
+    (
+        "detectLocal",
+        "",
+        "it is read only in the detect-local modes BridgeInterface and InterfaceNamePrefix, which kube-nft does not build",
+    ),
+    ("", "--boot-id-file", "kube-nft does not read boot ids"),
+    ("", "--machine-id-file", "kube-nft does not read machine ids"),
+];
+
+/// The warning for an ignored setting, by its field or its flag (`IGNORED`).
+fn ignored(name: &str) -> String {
+    let why = IGNORED
+        .iter()
+        .find(|(field, flag, _)| *field == name || *flag == name)
+        .map_or("kube-nft has no use for it", |(_, _, why)| why);
+    format!("{name} is kube-proxy's, accepted and ignored: {why}")
+}
+
+/// `logging.format` / `--logging-format`: whether it asks for JSON.
+fn log_format(format: Option<&str>, field: &str) -> Result<bool, String> {
+    match format.unwrap_or_default() {
+        "" | "text" => Ok(false),
+        "json" => Ok(true),
+        other => Err(format!("{field}: {other:?} is not text or json")),
+    }
+}
+
+/// kube-proxy's alpha split-stream options (`--log-*-split-stream`,
+/// `--log-*-info-buffer-size`, and the file's `logging.options`): refused
+/// unless they ask for nothing, since kube-nft writes each line to stderr at once.
+fn split_stream(field: &str, value: Option<&str>) -> Result<(), String> {
     match value {
-        Some(v) if *v != T::default() => Err(format!("{field}: set to {v:?}, but {why}")),
+        Some(v) if !is_noop(v) => Err(format!(
+            "{field}={v}: not supported by kube-nft (logs go to stderr, unbuffered)"
+        )),
         _ => Ok(()),
+    }
+}
+
+/// A value that asks for nothing: zero, a zero duration, or false.
+fn is_noop(value: &str) -> bool {
+    matches!(value.trim(), "" | "0" | "false") || parse_duration(value).is_ok_and(|d| d.is_zero())
+}
+
+/// `bindAddress` / `--bind-address`: only the unspecified addresses, which
+/// leave the node's IPs to its Node object, as kube-nft always does.
+fn check_bind_address(field: &str, value: Option<&str>) -> Result<(), String> {
+    match value.unwrap_or_default() {
+        "" | "0.0.0.0" | "::" => Ok(()),
+        other => Err(format!(
+            "{field}: {other:?}: overriding the node's primary IP is not supported (the node's addresses come from its Node object); leave it unset"
+        )),
     }
 }
 
@@ -415,7 +649,12 @@ fn resolve_flags_and_file(flags: &Flags) -> Result<Settings, String> {
                 .map_err(|e| format!("--config {}: {e}", path.display()))?;
             FileConfig::parse(&text, path)?
         }
-        None => FileConfig::default(),
+        // No file: kube-nft's own default mode (a file without one means
+        // kube-proxy's, iptables).
+        None => FileConfig {
+            mode: Some("nftables".into()),
+            ..FileConfig::default()
+        },
     };
     resolve_with_file(flags, file)
 }
@@ -427,12 +666,32 @@ pub fn resolve_text(flags: &Flags, text: &str, origin: &Path) -> Result<Settings
 }
 
 fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String> {
-    let ipvs_mode = match flags.proxy_mode {
-        Some(mode) => mode == ModeName::Ipvs,
-        None => check_mode(file.mode.as_deref().unwrap_or_default(), "mode")?,
+    let mut warnings = file.check()?;
+    let mode = match flags.proxy_mode {
+        Some(mode) => mode,
+        None => file_mode(file.mode.as_deref().unwrap_or_default())?,
     };
+    let ipvs_mode = mode == ModeName::Ipvs;
     let nft = file.nftables.unwrap_or_default();
+    let ipt = file.iptables.unwrap_or_default();
     let ipvs = file.ipvs.unwrap_or_default();
+    let section = ModeSection::of(mode, &nft, &ipt, &ipvs);
+    warnings.extend(section.unread(&nft, &ipt)?);
+    if mode == ModeName::Iptables {
+        warnings.push(format!(
+            "mode iptables{}: kube-nft runs nftables in its place, with the iptables section's settings, as kube-proxy's nftables mode would{}",
+            if file.mode.as_deref().unwrap_or_default().is_empty() && flags.proxy_mode.is_none() {
+                " (kube-proxy's default, as the mode is empty)"
+            } else {
+                ""
+            },
+            if flags.nodeport_addresses.is_none() && file.node_port_addresses.is_none() {
+                "; NodePorts are served on the node's primary IPs, where kube-proxy's iptables mode served every address (set nodePortAddresses: [all] to keep that; docs/OPERATIONS.md)"
+            } else {
+                ""
+            }
+        ));
+    }
     let non_empty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
 
     let source = if !flags.manifests.is_empty() {
@@ -467,14 +726,37 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
         (None, Some(text)) => cidr_list(&text, "clusterCIDR")?,
         (None, None) => Vec::new(),
     };
-    let nodeport_addresses = match (&flags.nodeport_addresses, &file.node_port_addresses) {
-        (Some(text), _) => nodeport_addresses(text, "--nodeport-addresses")?,
-        (None, Some(list)) => nodeport_addresses(&list.join(","), "nodePortAddresses")?,
-        (None, None) => NodePortAddresses::Primary,
+    let (nodeport_addresses, loopback) =
+        match (&flags.nodeport_addresses, &file.node_port_addresses) {
+            (Some(text), _) => (
+                nodeport_addresses(text, "--nodeport-addresses")?,
+                "--nodeport-addresses localhost",
+            ),
+            (None, Some(list)) => (
+                nodeport_addresses(&list.join(","), "nodePortAddresses")?,
+                "nodePortAddresses: localhost",
+            ),
+            (None, None) => (NodePortAddresses::default(), ""),
+        };
+    if nodeport_addresses.localhost {
+        warnings.push(ignored(loopback));
+    }
+    let logging = LogSettings {
+        json: match &flags.log_format {
+            Some(f) => log_format(Some(f), "--logging-format")?,
+            None => log_format(
+                file.logging.as_ref().and_then(|l| l.format.as_deref()),
+                "logging.format",
+            )?,
+        },
+        verbosity: flags
+            .verbosity
+            .or(file.logging.as_ref().and_then(|l| l.verbosity))
+            .unwrap_or(0),
     };
     let masquerade_bit = match flags.masquerade_bit {
         Some(b) => b,
-        None => masquerade_bit("nftables.masqueradeBit", nft.masquerade_bit)?
+        None => masquerade_bit(section.masquerade_bit.0, section.masquerade_bit.1)?
             .unwrap_or(DEFAULT_MASQUERADE_BIT),
     };
     let detect_local = match &flags.detect_local_mode {
@@ -497,7 +779,10 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
         nodeport_addresses,
         local_addresses: Vec::new(),
         counters: flags.counters,
-        masquerade_all: flags.masquerade_all.or(nft.masquerade_all).unwrap_or(false),
+        masquerade_all: flags
+            .masquerade_all
+            .or(section.masquerade_all)
+            .unwrap_or(false),
         mode: if ipvs_mode {
             ProxyMode::Ipvs(IpvsSettings {
                 scheduler: flags
@@ -523,11 +808,13 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
     };
     node.validate().map_err(|e| e.to_string())?;
     if detect_local == DetectLocal::ClusterCidr && node.cluster_cidrs.is_empty() {
-        tracing::warn!(
-            "no cluster CIDR (--cluster-cidr or clusterCIDR): traffic from pods to ClusterIPs is not told from other traffic"
+        warnings.push(
+            "no cluster CIDR (--cluster-cidr or clusterCIDR): traffic from pods to ClusterIPs is not told from other traffic".into(),
         );
     }
     Ok(Settings {
+        logging,
+        warnings,
         source,
         node_name,
         service_cidrs_from_api: flags.service_cidr.is_none(),
@@ -547,18 +834,16 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
         )?,
         sync_period: match flags.sync_period {
             Some(d) => d,
-            None if ipvs_mode => {
-                duration_field("ipvs.syncPeriod", &ipvs.sync_period)?.unwrap_or(DEFAULT_SYNC_PERIOD)
-            }
-            None => duration_field("nftables.syncPeriod", &nft.sync_period)?
+            None => duration_field(&format!("{}.syncPeriod", section.name), section.sync_period)?
                 .unwrap_or(DEFAULT_SYNC_PERIOD),
         },
         min_sync_period: match flags.min_sync_period {
             Some(d) => d,
-            None if ipvs_mode => duration_field("ipvs.minSyncPeriod", &ipvs.min_sync_period)?
-                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
-            None => duration_field("nftables.minSyncPeriod", &nft.min_sync_period)?
-                .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
+            None => duration_field(
+                &format!("{}.minSyncPeriod", section.name),
+                section.min_sync_period,
+            )?
+            .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
         },
         oom_score_adj: flags.oom_score_adj.or(file.oom_score_adj),
         conntrack: file

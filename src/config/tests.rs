@@ -113,7 +113,13 @@ fn the_file_kubeadm_writes_loads_with_its_values() {
         s.metrics_bind_address,
         Some("127.0.0.1:10249".parse().unwrap())
     );
-    assert_eq!(s.node.nodeport_addresses, NodePortAddresses::Primary);
+    assert_eq!(s.node.nodeport_addresses, NodePortAddresses::default());
+    assert_eq!(s.logging, LogSettings::default());
+    assert_eq!(
+        s.warnings,
+        Vec::<String>::new(),
+        "kubeadm's zero values say nothing"
+    );
     assert_eq!(s.oom_score_adj, Some(-999));
     assert!(s.service_cidrs_from_api);
     // null is kube-proxy's default, 0s leaves the kernel's value.
@@ -186,18 +192,14 @@ fn flags_win_over_the_file_and_the_file_over_defaults() {
     assert_eq!(s.sync_period, Duration::from_secs(90));
     assert_eq!(s.metrics_bind_address, None, "an empty flag turns it off");
     assert_eq!(s.detect_local, DetectLocal::NodeCidr);
-    assert!(matches!(s.node.nodeport_addresses, NodePortAddresses::Cidrs(ref c) if c.len() == 2));
+    assert_eq!(s.node.nodeport_addresses.cidrs.len(), 2);
+    assert!(!s.node.nodeport_addresses.primary);
 }
 
 #[test]
 fn invalid_files_fail_naming_the_field() {
     for (from, to, field) in [
-        (
-            "  masqueradeBit: 15\n",
-            "  masqueradeBitt: 15\n",
-            "masqueradeBitt",
-        ),
-        ("mode: nftables", "mode: iptables", "mode"),
+        ("mode: nftables", "mode: userspace", "mode"),
         ("  tcpTimeout: 0s", "  tcpTimeout: 900s", "ipvs.tcpTimeout"),
         (
             "  maxPerCore: null",
@@ -226,13 +228,8 @@ fn invalid_files_fail_naming_the_field() {
         ),
         (
             "  masqueradeBit: null",
-            "  masqueradeBit: 12",
+            "  masqueradeBit: 40",
             "iptables.masqueradeBit",
-        ),
-        (
-            "  localhostNodePorts: null",
-            "  localhostNodePorts: true",
-            "iptables.localhostNodePorts",
         ),
         (
             "  scheduler: \"\"",
@@ -241,7 +238,12 @@ fn invalid_files_fail_naming_the_field() {
         ),
         (
             "nodePortAddresses: null",
-            "nodePortAddresses: [localhost]",
+            "nodePortAddresses: [primary, 10.0.0.0/8, primary]",
+            "nodePortAddresses",
+        ),
+        (
+            "nodePortAddresses: null",
+            "nodePortAddresses: [nodes]",
             "nodePortAddresses",
         ),
         (
@@ -250,9 +252,25 @@ fn invalid_files_fail_naming_the_field() {
             "clusterCIDR",
         ),
         (
-            "enableProfiling: false",
-            "enableProfiling: true",
-            "enableProfiling",
+            "bindAddress: 0.0.0.0",
+            "bindAddress: 10.0.0.1",
+            "bindAddress",
+        ),
+        ("  verbosity: 0", "  verbosity: -1", "verbosity"),
+        (
+            "  flushFrequency: 0",
+            "  flushFrequency: 0\n  format: logfmt",
+            "logging.format",
+        ),
+        (
+            "    text:\n      infoBufferSize: \"0\"",
+            "    text:\n      infoBufferSize: 64Ki",
+            "logging.options.text.infoBufferSize",
+        ),
+        (
+            "    json:\n      infoBufferSize: \"0\"",
+            "    json:\n      splitStream: true",
+            "logging.options.json.splitStream",
         ),
         ("v1alpha1", "v1alpha2", "apiVersion"),
         ("oomScoreAdj: -999", "oomScoreAdj: -1001", "oomScoreAdj"),
@@ -270,6 +288,381 @@ fn invalid_files_fail_naming_the_field() {
     assert!(
         err.contains("masqueradeAll") || err.contains("nftables"),
         "{err}"
+    );
+}
+
+/// What kube-nft has no use for, and fields the schema does not have (a newer
+/// kube-proxy's, or a typo), start kube-nft with one warning each, naming them.
+#[test]
+fn what_kube_nft_has_no_use_for_warns_once_naming_it() {
+    for (from, to, named) in [
+        (
+            "kind: KubeProxyConfiguration\n",
+            "kind: KubeProxyConfiguration\nfeatureGates: {KubeProxyNFTablesLocalhostNodePorts: true, AllAlpha: false}\n",
+            "featureGates is kube-proxy's, accepted and ignored: kube-nft has no feature gates",
+        ),
+        (
+            "  masqueradeBit: 15\n",
+            "  masqueradeBit: 15\n  masqueradeBitt: 15\n",
+            "nftables.masqueradeBitt: not a field",
+        ),
+        (
+            "kind: KubeProxyConfiguration\n",
+            "kind: KubeProxyConfiguration\nipFamilyPolicy: PreferDualStack\n",
+            "ipFamilyPolicy: not a field",
+        ),
+        (
+            "    text:\n      infoBufferSize: \"0\"",
+            "    text:\n      infoBufferSize: \"0\"\n      colors: true",
+            "logging.options.text.colors: not a field",
+        ),
+        (
+            "  masqueradeBit: null",
+            "  masqueradeBit: 12",
+            "iptables.masqueradeBit is accepted and ignored: kube-proxy reads it only in iptables mode, and the mode is nftables",
+        ),
+        (
+            "  syncPeriod: 0s\nipvs",
+            "  syncPeriod: 30s\nipvs",
+            "iptables.syncPeriod is accepted and ignored: kube-proxy reads it only in iptables mode",
+        ),
+        (
+            "  localhostNodePorts: null",
+            "  localhostNodePorts: true",
+            "iptables.localhostNodePorts is kube-proxy's",
+        ),
+        (
+            "nodePortAddresses: null",
+            "nodePortAddresses: [primary, localhost]",
+            "nodePortAddresses: localhost is kube-proxy's",
+        ),
+        (
+            "enableProfiling: false",
+            "enableProfiling: true",
+            "enableProfiling is kube-proxy's",
+        ),
+        (
+            "  contentType: \"\"",
+            "  contentType: application/vnd.kubernetes.protobuf",
+            "clientConnection.contentType is kube-proxy's",
+        ),
+        ("  qps: 0", "  qps: 50", "clientConnection.qps is kube-proxy's"),
+        (
+            "  networkName: \"\"",
+            "  networkName: flannel.4096",
+            "winkernel is kube-proxy's",
+        ),
+        (
+            "configSyncPeriod: 0s",
+            "configSyncPeriod: 15m0s",
+            "configSyncPeriod is kube-proxy's",
+        ),
+    ] {
+        assert!(KUBEADM.contains(from), "{from}");
+        let text = KUBEADM.replacen(from, to, 1);
+        let s = resolve_text(&text, Flags::default()).unwrap_or_else(|e| panic!("{to:?}: {e}"));
+        assert_eq!(s.warnings.len(), 1, "{to:?}: {:?}", s.warnings);
+        assert!(s.warnings[0].contains(named), "{to:?}: {:?}", s.warnings);
+    }
+}
+
+/// The file and the flags that mean the same warn alike, refuse alike, and
+/// set the same thing.
+#[test]
+fn a_setting_in_the_file_and_its_flag_behave_alike() {
+    use super::kube_proxy_flags::KubeProxyFlags;
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: Flags,
+        #[command(flatten)]
+        kp: KubeProxyFlags,
+    }
+    // The flags' warnings and settings (or error), without a file.
+    let by_flags = |args: &[&str]| -> Result<(Vec<String>, Settings), String> {
+        let cli = Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        let mut flags = cli.flags;
+        flags.hostname_override = Some("node1".into());
+        flags.cluster_cidr = Some(vec!["10.244.0.0/16".parse().unwrap()]);
+        let mut warnings = cli.kp.apply(&mut flags)?;
+        let s = resolve(&flags)?;
+        warnings.extend(s.warnings.clone());
+        Ok((warnings, s))
+    };
+    let by_file = |from: &str, to: &str| {
+        assert!(KUBEADM.contains(from), "{from}");
+        resolve_text(&KUBEADM.replacen(from, to, 1), Flags::default())
+    };
+    let warned = [
+        (
+            &["--feature-gates=AllAlpha=false"][..],
+            (
+                "kind: KubeProxyConfiguration\n",
+                "kind: KubeProxyConfiguration\nfeatureGates: {AllAlpha: false}\n",
+            ),
+        ),
+        (
+            &["--kube-api-content-type=application/vnd.kubernetes.protobuf"],
+            (
+                "  contentType: \"\"",
+                "  contentType: application/vnd.kubernetes.protobuf",
+            ),
+        ),
+        (&["--kube-api-qps=50"], ("  qps: 0", "  qps: 50")),
+        (&["--kube-api-burst=100"], ("  burst: 0", "  burst: 100")),
+        (
+            &["--profiling"],
+            ("enableProfiling: false", "enableProfiling: true"),
+        ),
+        (
+            &["--bind-address-hard-fail"],
+            ("bindAddressHardFail: false", "bindAddressHardFail: true"),
+        ),
+        (
+            &["--show-hidden-metrics-for-version=1.36"],
+            (
+                "showHiddenMetricsForVersion: \"\"",
+                "showHiddenMetricsForVersion: \"1.36\"",
+            ),
+        ),
+        (
+            &["--iptables-localhost-nodeports=true"],
+            ("  localhostNodePorts: null", "  localhostNodePorts: true"),
+        ),
+        (
+            &["--config-sync-period=15m"],
+            ("configSyncPeriod: 0s", "configSyncPeriod: 15m0s"),
+        ),
+        (
+            &["--vmodule=proxier=4"],
+            (
+                "  verbosity: 0",
+                "  verbosity: 0\n  vmodule: [{filePattern: proxier, verbosity: 4}]",
+            ),
+        ),
+        (
+            &["--nodeport-addresses=primary,localhost"],
+            (
+                "nodePortAddresses: null",
+                "nodePortAddresses: [primary, localhost]",
+            ),
+        ),
+    ];
+    for (args, (from, to)) in warned {
+        let (flag_warnings, _) = by_flags(args).unwrap();
+        let file_warnings = by_file(from, to).unwrap().warnings;
+        assert_eq!(flag_warnings.len(), 1, "{args:?}: {flag_warnings:?}");
+        assert_eq!(file_warnings.len(), 1, "{to:?}: {file_warnings:?}");
+        // One reason for both: the same text after the name.
+        let reason = |w: &str| w.split_once(" is kube-proxy's").map(|(_, r)| r.to_string());
+        assert_eq!(
+            reason(&flag_warnings[0]),
+            reason(&file_warnings[0]),
+            "{args:?} and {to:?} warn differently: {flag_warnings:?} {file_warnings:?}"
+        );
+        assert!(reason(&flag_warnings[0]).is_some(), "{flag_warnings:?}");
+    }
+    // The value that asks for nothing says nothing, in both.
+    for args in [
+        &["--profiling=false"][..],
+        &["--kube-api-qps=0"],
+        &[
+            "--log-json-split-stream=false",
+            "--log-text-info-buffer-size=0",
+        ],
+    ] {
+        let (warnings, _) = by_flags(args).unwrap();
+        assert!(warnings.is_empty(), "{args:?}: {warnings:?}");
+    }
+    let refused = [
+        (
+            &["--bind-address=10.0.0.1"][..],
+            ("bindAddress: 0.0.0.0", "bindAddress: 10.0.0.1"),
+        ),
+        (
+            &["--log-text-split-stream"],
+            (
+                "    text:\n      infoBufferSize: \"0\"",
+                "    text:\n      splitStream: true",
+            ),
+        ),
+        (
+            &["--log-json-info-buffer-size=64Ki"],
+            (
+                "    json:\n      infoBufferSize: \"0\"",
+                "    json:\n      infoBufferSize: 64Ki",
+            ),
+        ),
+        (
+            &["--nodeport-addresses=all,10.0.0.0/8,all"],
+            (
+                "nodePortAddresses: null",
+                "nodePortAddresses: [all, 10.0.0.0/8, all]",
+            ),
+        ),
+    ];
+    for (args, (from, to)) in refused {
+        let flag_err = by_flags(args).unwrap_err();
+        let file_err = by_file(from, to).unwrap_err();
+        assert!(
+            flag_err.starts_with(args[0].split('=').next().unwrap()),
+            "{flag_err}"
+        );
+        let tail = |e: &str| e.rsplit_once(": ").map(|(_, t)| t.to_string());
+        assert_eq!(tail(&flag_err), tail(&file_err), "{flag_err} / {file_err}");
+    }
+    // Both bind addresses that mean "the node's" are taken, in both.
+    by_flags(&["--bind-address=::"]).unwrap();
+    by_file("bindAddress: 0.0.0.0", "bindAddress: \"::\"").unwrap();
+
+    // What both set, they set alike.
+    let (_, from_flags) = by_flags(&["--logging-format=json", "--v=4"]).unwrap();
+    let from_file = by_file("  verbosity: 0", "  verbosity: 4\n  format: json").unwrap();
+    let want = LogSettings {
+        json: true,
+        verbosity: 4,
+    };
+    assert_eq!((from_flags.logging, from_file.logging), (want, want));
+    let (_, from_flags) = by_flags(&["--nodeport-addresses=primary,10.0.0.0/8,all"]).unwrap();
+    let from_file = by_file(
+        "nodePortAddresses: null",
+        "nodePortAddresses: [primary, 10.0.0.0/8, all]",
+    )
+    .unwrap();
+    let npa = &from_flags.node.nodeport_addresses;
+    assert_eq!(npa, &from_file.node.nodeport_addresses);
+    assert!(npa.primary && npa.cidrs.len() == 3, "{npa:?}");
+    // A flag wins over the file.
+    let s = resolve_text(
+        &KUBEADM.replacen("  verbosity: 0", "  verbosity: 4\n  format: json", 1),
+        Flags {
+            log_format: Some("text".into()),
+            ..Flags::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        s.logging,
+        LogSettings {
+            json: false,
+            verbosity: 4
+        }
+    );
+}
+
+/// The file kubeadm of each minor version from 1.33 to 1.37 writes
+/// (integration/fixtures/kubeadm, recorded by integration/k8s/kubeadm-configs.sh)
+/// starts kube-nft, with nothing to warn about.
+#[test]
+fn the_files_kubeadm_1_33_to_1_37_write_start_kube_nft() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/fixtures/kubeadm");
+    let mut minors = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(version) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("kube-proxy-v")?.strip_suffix(".yaml"))
+        else {
+            continue;
+        };
+        minors.push(version.split('.').nth(1).unwrap().parse::<u32>().unwrap());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let s = resolve_text(&text, Flags::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s.node.mode, ProxyMode::Nftables, "{version}");
+        assert_eq!(s.node.nodeport_addresses, NodePortAddresses::default());
+        assert_eq!(s.sync_period, DEFAULT_SYNC_PERIOD);
+        // kubeadm's mode is kube-proxy's default, iptables (empty up to 1.36,
+        // named from 1.37), which kube-nft runs nftables in place of; and
+        // kubeadm's file names no cluster CIDR (a cluster's has networking.podSubnet's).
+        let said = |s: &Settings, starts: &[&str]| {
+            s.warnings.len() == starts.len()
+                && s.warnings
+                    .iter()
+                    .zip(starts)
+                    .all(|(w, start)| w.starts_with(start))
+        };
+        assert!(
+            said(&s, &["mode iptables", "no cluster CIDR"]),
+            "kubeadm v{version}: {:?}",
+            s.warnings
+        );
+        // With the mode set to nftables, as docs/OPERATIONS.md asks.
+        let mode_line = text.lines().find(|l| l.starts_with("mode: ")).unwrap();
+        let nft = text.replace(mode_line, "mode: nftables");
+        let s = resolve_text(&nft, Flags::default()).unwrap();
+        assert!(
+            said(&s, &["no cluster CIDR"]),
+            "v{version}: {:?}",
+            s.warnings
+        );
+    }
+    minors.sort();
+    assert_eq!(minors, [33, 34, 35, 36, 37], "a version's file is missing");
+}
+
+/// `mode: iptables`, or empty (kube-proxy's default, which kubeadm writes):
+/// kube-nft runs nftables in its place with what kube-proxy reads in that mode,
+/// the iptables section, and says so once.
+#[test]
+fn mode_iptables_runs_nftables_with_the_iptables_section() {
+    let text = KUBEADM
+        .replace("mode: nftables", "mode: iptables")
+        .replace(
+            "  masqueradeAll: false\n  masqueradeBit: null",
+            "  masqueradeAll: true\n  masqueradeBit: 13",
+        )
+        .replace(
+            "  minSyncPeriod: 0s\n  syncPeriod: 0s\nipvs",
+            "  minSyncPeriod: 5s\n  syncPeriod: 1m\nipvs",
+        )
+        .replace(
+            "  masqueradeAll: true\n  masqueradeBit: 15",
+            "  masqueradeAll: false\n  masqueradeBit: 15",
+        );
+    let s = resolve_text(&text, Flags::default()).unwrap();
+    assert_eq!(s.node.mode, ProxyMode::Nftables);
+    assert!(s.node.masquerade_all, "iptables.masqueradeAll");
+    assert_eq!(s.node.masquerade_bit, 13, "iptables.masqueradeBit");
+    assert_eq!(s.sync_period, Duration::from_secs(60));
+    assert_eq!(s.min_sync_period, Duration::from_secs(5));
+    let unread: Vec<&String> = s
+        .warnings
+        .iter()
+        .filter(|w| w.starts_with("nftables."))
+        .collect();
+    assert_eq!(
+        unread.len(),
+        3,
+        "nftables.masqueradeBit, syncPeriod, minSyncPeriod: {:?}",
+        s.warnings
+    );
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("mode iptables: kube-nft runs nftables")),
+        "{:?}",
+        s.warnings
+    );
+    // The flag says the same.
+    let s = resolve_text(
+        KUBEADM,
+        Flags {
+            proxy_mode: Some(ModeName::Iptables),
+            ..Flags::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(s.node.mode, ProxyMode::Nftables);
+    assert!(!s.node.masquerade_all, "the nftables section is not read");
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.starts_with("mode iptables: kube-nft runs nftables")),
+        "{:?}",
+        s.warnings
     );
 }
 

@@ -4,8 +4,7 @@
 //! leave alone (ExternalName, headless, another proxy's) are skipped, not rejected.
 
 use crate::core::model::{self, *};
-use crate::core::net::{Family, Protocol};
-use ipnet::IpNet;
+use crate::core::net::{parse_cidr_sloppy, parse_ip_sloppy, Family, Protocol};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -86,7 +85,14 @@ fn not_for_a_proxy(
         .then_some(Skip::Headless)
 }
 
-pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Rejected> {
+/// One Service. A value kube-proxy reads one by one (an external IP, a load
+/// balancer's ingress IP, a source range) that does not parse is skipped, as
+/// kube-proxy skips it, and pushed to `skipped` for the log and the metric; the
+/// rest of the Service is proxied. Anything else malformed rejects the Service.
+pub fn convert_service(
+    svc: &core::Service,
+    skipped: &mut Vec<Rejected>,
+) -> Result<Converted<Service>, Rejected> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let key = ServiceKey {
         namespace: namespace_of(&svc.metadata),
@@ -126,9 +132,8 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
     };
     let mut cluster_ips = Vec::new();
     for (field, s) in ip_strings {
-        let ip: IpAddr = s
-            .parse()
-            .map_err(|_| reject(&object, &field, format!("{s:?} is not an IP address")))?;
+        let ip = parse_ip_sloppy(s)
+            .ok_or_else(|| reject(&object, &field, format!("{s:?} is not an IP address")))?;
         if cluster_ips
             .iter()
             .any(|c: &IpAddr| Family::of(c) == Family::of(&ip))
@@ -220,11 +225,12 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
             node_port,
         });
     }
-    let external_ips = parse_ips(
+    let external_ips = each_ip(
         &object,
-        "spec.externalIPs",
+        |i| format!("spec.externalIPs[{i}]"),
         spec.external_ips.iter().flatten().map(|s| s.as_str()),
-    )?;
+        skipped,
+    );
     let mut load_balancer_ips = Vec::new();
     if service_type == "LoadBalancer" {
         let ingress = svc
@@ -237,14 +243,22 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
                 continue;
             }
             if let Some(ip) = &ing.ip {
-                load_balancer_ips.extend(parse_ips(
+                for ip in each_ip(
                     &object,
-                    &format!("status.loadBalancer.ingress[{i}].ip"),
+                    |_| format!("status.loadBalancer.ingress[{i}].ip"),
                     [ip.as_str()],
-                )?);
+                    skipped,
+                ) {
+                    if !load_balancer_ips.contains(&ip) {
+                        load_balancer_ips.push(ip);
+                    }
+                }
             }
         }
     }
+    // kube-proxy trims them (validation once let padding through) and skips
+    // what does not parse. When every range is skipped, the load balancer IPs
+    // are open to all, as with kube-proxy (docs/OPERATIONS.md says why).
     let mut source_ranges = Vec::new();
     for (i, r) in spec
         .load_balancer_source_ranges
@@ -252,14 +266,18 @@ pub fn convert_service(svc: &core::Service) -> Result<Converted<Service>, Reject
         .flatten()
         .enumerate()
     {
-        let net: IpNet = r.trim().parse().map_err(|_| {
-            reject(
+        let r = r.trim();
+        if r.is_empty() {
+            continue;
+        }
+        match parse_cidr_sloppy(r) {
+            Some(net) => source_ranges.push(net),
+            None => skipped.push(reject(
                 &object,
                 format!("spec.loadBalancerSourceRanges[{i}]"),
                 format!("{r:?} is not a CIDR"),
-            )
-        })?;
-        source_ranges.push(net.trunc());
+            )),
+        }
     }
     let policy = |field: &str, value: Option<&String>| match value.map(String::as_str) {
         None | Some("Cluster") => Ok(false),
@@ -350,26 +368,28 @@ fn exact<T>(mut v: Vec<T>) -> Vec<T> {
     v
 }
 
-fn parse_ips<'a>(
+/// Each address that parses, once; one that does not is pushed to `skipped`
+/// (an empty one is not an address, and kube-proxy passes over it silently).
+fn each_ip<'a>(
     object: &str,
-    field: &str,
+    field: impl Fn(usize) -> String,
     ips: impl IntoIterator<Item = &'a str>,
-) -> Result<Vec<IpAddr>, Rejected> {
+    skipped: &mut Vec<Rejected>,
+) -> Vec<IpAddr> {
     let mut out = Vec::new();
     for (i, s) in ips.into_iter().enumerate() {
-        let ip: IpAddr = s.parse().map_err(|_| {
-            let field = if field.ends_with(']') {
-                field.to_string()
-            } else {
-                format!("{field}[{i}]")
-            };
-            reject(object, field, format!("{s:?} is not an IP address"))
-        })?;
-        if !out.contains(&ip) {
-            out.push(ip);
+        match parse_ip_sloppy(s) {
+            Some(ip) if !out.contains(&ip) => out.push(ip),
+            Some(_) => {}
+            None if s.trim().is_empty() => {}
+            None => skipped.push(reject(
+                object,
+                field(i),
+                format!("{s:?} is not an IP address"),
+            )),
         }
     }
-    Ok(out)
+    out
 }
 
 pub fn convert_endpoint_slice(
@@ -448,9 +468,8 @@ pub fn convert_endpoint_slice(
             ));
         };
         let field = format!("endpoints[{i}].addresses[0]");
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| reject(&object, &field, format!("{a:?} is not an IP address")))?;
+        let addr = parse_ip_sloppy(a)
+            .ok_or_else(|| reject(&object, &field, format!("{a:?} is not an IP address")))?;
         if Family::of(&addr) != family {
             return Err(reject(
                 &object,
@@ -512,7 +531,7 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
             .enumerate()
         {
             if a.type_ == "InternalIP" || a.type_ == "ExternalIP" {
-                let ip = a.address.parse().map_err(|_| {
+                let ip = parse_ip_sloppy(&a.address).ok_or_else(|| {
                     reject(
                         &object,
                         format!("status.addresses[{i}].address"),
@@ -543,14 +562,14 @@ pub fn convert_node(node: &core::Node) -> Result<NodeInfo, Rejected> {
         .iter()
         .enumerate()
     {
-        let net: IpNet = c.parse().map_err(|_| {
+        let net = parse_cidr_sloppy(c).ok_or_else(|| {
             reject(
                 &object,
                 format!("spec.podCIDRs[{i}]"),
                 format!("{c:?} is not a CIDR"),
             )
         })?;
-        pod_cidrs.push(net.trunc());
+        pod_cidrs.push(net);
     }
     Ok(NodeInfo {
         name,
@@ -585,6 +604,8 @@ pub struct Objects {
 pub struct Validated {
     pub state: ClusterState,
     pub rejected: Vec<Rejected>,
+    /// Values skipped in objects that were kept (`convert_service`).
+    pub skipped_values: Vec<Rejected>,
     pub skipped: Vec<(String, Skip)>,
 }
 
@@ -592,7 +613,7 @@ pub struct Validated {
 pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
     let mut out = Validated::default();
     for s in &objects.services {
-        match convert_service(s) {
+        match convert_service(s, &mut out.skipped_values) {
             Ok(Converted::Valid(svc)) => {
                 out.state.services.insert(svc.key.clone(), svc);
             }
@@ -649,6 +670,7 @@ pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
 pub fn validate(objects: &Objects, node_name: Option<&str>) -> Validated {
     let validated = build_state(objects, node_name);
     log_rejected(&validated.rejected);
+    log_skipped_values(&validated.skipped_values);
     for (object, why) in &validated.skipped {
         tracing::debug!("{object}: not proxied ({why:?})");
     }
@@ -664,9 +686,23 @@ pub fn log_rejected(rejected: &[Rejected]) {
     }
 }
 
+/// One line per value skipped in an object that was kept.
+pub fn log_skipped_values(skipped: &[Rejected]) {
+    for r in skipped {
+        tracing::warn!("skipped: {r}; the rest of the object is proxied");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn convert_service_alone(svc: &core::Service) -> Result<Converted<Service>, Rejected> {
+        let mut skipped = Vec::new();
+        let converted = convert_service(svc, &mut skipped);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        converted
+    }
 
     fn service(yaml: &str) -> core::Service {
         serde_saphyr::from_str(yaml).unwrap()
@@ -708,7 +744,7 @@ spec:
 
     #[test]
     fn service_with_named_and_numeric_target_ports_is_valid() {
-        let Ok(Converted::Valid(svc)) = convert_service(&service(WEB)) else {
+        let Ok(Converted::Valid(svc)) = convert_service_alone(&service(WEB)) else {
             panic!("expected a valid service");
         };
         assert_eq!(
@@ -726,7 +762,7 @@ spec:
     #[test]
     fn port_zero_is_rejected_with_object_and_field() {
         let bad = WEB.replace("port: 53,", "port: 0,");
-        let err = convert_service(&service(&bad)).err().unwrap();
+        let err = convert_service_alone(&service(&bad)).err().unwrap();
         assert_eq!(
             err.to_string(),
             "Service default/web: spec.ports[1].port: 0 is not a valid port"
@@ -736,26 +772,61 @@ spec:
     #[test]
     fn unknown_protocol_and_bad_ip_are_rejected() {
         let bad = WEB.replace("protocol: UDP", "protocol: ICMP");
-        let err = convert_service(&service(&bad)).err().unwrap();
+        let err = convert_service_alone(&service(&bad)).err().unwrap();
         assert_eq!(err.field, "spec.ports[1].protocol");
         let bad = WEB.replace("10.0.0.10", "10.0.0.300");
-        let err = convert_service(&service(&bad)).err().unwrap();
+        let err = convert_service_alone(&service(&bad)).err().unwrap();
         assert_eq!(
             err.to_string(),
             "Service default/web: spec.clusterIP: \"10.0.0.300\" is not an IP address"
         );
     }
 
+    /// As kube-proxy reads them: value by value, a bad one skipped and named,
+    /// leading zeros read as decimal; the Service is kept.
+    #[test]
+    fn a_bad_external_ip_ingress_ip_or_source_range_is_skipped_alone() {
+        let lb = WEB.replace("  clusterIP: 10.0.0.10\n", "  clusterIP: 010.000.000.010\n  type: LoadBalancer\n  externalIPs: [192.0.2.1, 192.0.2.300, '', 198.051.100.007]\n  loadBalancerSourceRanges: [' 10.0.0.0/8', 10.0.0.0/33, 0172.016.0.0/12]\n")
+            + "status: {loadBalancer: {ingress: [{ip: 203.0.113.300}, {ip: 203.0.113.9}, {hostname: lb.example}]}}\n";
+        let mut skipped = Vec::new();
+        let Ok(Converted::Valid(svc)) = convert_service(&service(&lb), &mut skipped) else {
+            panic!("the Service is kept");
+        };
+        let ips = |list: &[IpAddr]| list.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        assert_eq!(ips(&svc.cluster_ips), ["10.0.0.10"]);
+        assert_eq!(ips(&svc.external_ips), ["192.0.2.1", "198.51.100.7"]);
+        assert_eq!(ips(&svc.load_balancer_ips), ["203.0.113.9"]);
+        let ranges: Vec<String> = svc.source_ranges.iter().map(|n| n.to_string()).collect();
+        assert_eq!(ranges, ["10.0.0.0/8", "172.16.0.0/12"]);
+        let said: Vec<String> = skipped.iter().map(|r| r.to_string()).collect();
+        assert_eq!(
+            said,
+            [
+                "Service default/web: spec.externalIPs[1]: \"192.0.2.300\" is not an IP address",
+                "Service default/web: status.loadBalancer.ingress[0].ip: \"203.0.113.300\" is not an IP address",
+                "Service default/web: spec.loadBalancerSourceRanges[1]: \"10.0.0.0/33\" is not a CIDR",
+            ]
+        );
+        // Every range skipped leaves none: open to all, as kube-proxy leaves it.
+        let open = lb.replace("[' 10.0.0.0/8', 10.0.0.0/33, 0172.016.0.0/12]", "[bogus]");
+        let mut skipped = Vec::new();
+        let Ok(Converted::Valid(svc)) = convert_service(&service(&open), &mut skipped) else {
+            panic!("the Service is kept");
+        };
+        assert!(svc.source_ranges.is_empty());
+        assert_eq!(skipped.len(), 3, "{skipped:?}");
+    }
+
     #[test]
     fn services_a_proxy_must_leave_alone_are_skipped() {
         let headless = WEB.replace("clusterIP: 10.0.0.10", "clusterIP: None");
         assert!(matches!(
-            convert_service(&service(&headless)),
+            convert_service_alone(&service(&headless)),
             Ok(Converted::Skipped(Skip::Headless))
         ));
         let ext = "apiVersion: v1\nkind: Service\nmetadata: {name: e}\nspec: {type: ExternalName, externalName: example.org}";
         assert!(matches!(
-            convert_service(&service(ext)),
+            convert_service_alone(&service(ext)),
             Ok(Converted::Skipped(Skip::ExternalName))
         ));
         let other = WEB.replace(
@@ -763,7 +834,7 @@ spec:
             "namespace: default, labels: {service.kubernetes.io/service-proxy-name: other}}",
         );
         assert!(matches!(
-            convert_service(&service(&other)),
+            convert_service_alone(&service(&other)),
             Ok(Converted::Skipped(Skip::OtherProxy(_)))
         ));
     }

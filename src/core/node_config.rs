@@ -67,13 +67,16 @@ pub enum ModeName {
     #[default]
     Nftables,
     Ipvs,
+    /// kube-proxy's default mode: kube-nft runs nftables in its place, with
+    /// the settings kube-proxy reads in that mode (`config`).
+    Iptables,
 }
 
 impl ModeName {
     /// The mode with its default settings.
     pub fn mode(self) -> ProxyMode {
         match self {
-            ModeName::Nftables => ProxyMode::Nftables,
+            ModeName::Nftables | ModeName::Iptables => ProxyMode::Nftables,
             ModeName::Ipvs => ProxyMode::Ipvs(IpvsSettings::default()),
         }
     }
@@ -99,16 +102,6 @@ impl ProxyMode {
         name.to_possible_value()
             .map(|v| v.get_name().to_string())
             .unwrap_or_default()
-    }
-
-    /// The mode of this name, with default settings (`""` is the default mode).
-    pub fn named(name: &str) -> Option<ProxyMode> {
-        if name.is_empty() {
-            return Some(ProxyMode::default());
-        }
-        <ModeName as clap::ValueEnum>::from_str(name, false)
-            .ok()
-            .map(ModeName::mode)
     }
 }
 
@@ -138,51 +131,81 @@ impl ProxyMode {
     }
 }
 
-/// `--nodeport-addresses`: `primary` (the Node object's primary IPs, kube-proxy's
-/// nftables default) or the local addresses inside some CIDRs. Loopback never.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    #[default]
-    Primary,
-    Cidrs(Vec<IpNet>),
+/// `--nodeport-addresses` / `nodePortAddresses`, as kube-proxy 1.37 takes it:
+/// any combination of CIDRs and the keywords `primary` (the Node object's
+/// primary IPs, kube-proxy's nftables default), `all` (every address) and
+/// `localhost`. NodePorts are served on the union, never on loopback: kube-proxy
+/// serves them there only behind an alpha gate, so `localhost` is accepted and
+/// serves nothing (`run` warns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePortAddresses {
+    pub primary: bool,
+    pub localhost: bool,
+    /// Local addresses inside these are served (`all` is 0.0.0.0/0 and ::/0).
+    pub cidrs: Vec<IpNet>,
+}
+
+impl Default for NodePortAddresses {
+    fn default() -> Self {
+        NodePortAddresses {
+            primary: true,
+            localhost: false,
+            cidrs: Vec::new(),
+        }
+    }
+}
+
+impl NodePortAddresses {
+    /// The list as the config file writes it.
+    pub fn items(&self) -> Vec<String> {
+        let keywords = [("primary", self.primary), ("localhost", self.localhost)];
+        keywords
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(k, _)| k.to_string())
+            .chain(self.cidrs.iter().map(|c| c.to_string()))
+            .collect()
+    }
 }
 
 impl std::str::FromStr for NodePortAddresses {
     type Err = String;
 
-    /// kube-proxy's list: `primary` alone, or CIDRs and `all` (every address).
+    /// A comma-separated list; empty is `primary`. A keyword given twice is
+    /// refused, as kube-proxy's validation refuses it.
     fn from_str(s: &str) -> Result<Self, String> {
-        let items: Vec<&str> = s
-            .split(',')
-            .map(str::trim)
-            .filter(|i| !i.is_empty())
-            .collect();
-        if items.is_empty() || items == ["primary"] {
-            return Ok(NodePortAddresses::Primary);
-        }
-        let mut cidrs = Vec::new();
-        for item in items {
+        let mut out = NodePortAddresses {
+            primary: false,
+            localhost: false,
+            cidrs: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if ["primary", "all", "localhost"].contains(&item) {
+                if seen.contains(&item) {
+                    return Err(format!("{item:?} is given twice"));
+                }
+                seen.push(item);
+            }
             match item {
-                "all" => cidrs.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<IpNet>().unwrap())),
-                "primary" => {
-                    return Err(
-                        "\"primary\" together with CIDRs is not supported; give either".into(),
-                    )
-                }
-                "localhost" => {
-                    return Err(
-                        "\"localhost\" is not supported: NodePorts are never served on loopback"
-                            .into(),
-                    )
-                }
-                cidr => cidrs.push(
+                "primary" => out.primary = true,
+                "localhost" => out.localhost = true,
+                "all" => out
+                    .cidrs
+                    .extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<IpNet>().unwrap())),
+                cidr => out.cidrs.push(
                     cidr.parse::<IpNet>()
-                        .map_err(|_| format!("{cidr:?} is not a CIDR, \"primary\" or \"all\""))?
+                        .map_err(|_| {
+                            format!("{cidr:?} is not a CIDR or one of \"primary\", \"all\", \"localhost\"")
+                        })?
                         .trunc(),
                 ),
             }
         }
-        Ok(NodePortAddresses::Cidrs(cidrs))
+        if !out.primary && !out.localhost && out.cidrs.is_empty() {
+            out.primary = true;
+        }
+        Ok(out)
     }
 }
 
@@ -192,7 +215,7 @@ impl Default for NodeConfig {
             cluster_cidrs: Vec::new(),
             service_cidrs: Vec::new(),
             masquerade_bit: DEFAULT_MASQUERADE_BIT,
-            nodeport_addresses: NodePortAddresses::Primary,
+            nodeport_addresses: NodePortAddresses::default(),
             local_addresses: Vec::new(),
             counters: false,
             masquerade_all: false,
@@ -264,15 +287,16 @@ impl NodeConfig {
 
     /// The addresses NodePorts are served on, in one family.
     pub fn nodeport_ips(&self, node: Option<&NodeInfo>, family: Family) -> Vec<IpAddr> {
-        let mut ips: Vec<IpAddr> = match &self.nodeport_addresses {
-            NodePortAddresses::Primary => node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
-            NodePortAddresses::Cidrs(cidrs) => self
-                .local_addresses
-                .iter()
-                .filter(|a| cidrs.iter().any(|c| c.contains(*a)))
-                .copied()
-                .collect(),
-        };
+        let wanted = &self.nodeport_addresses;
+        let primary = node
+            .filter(|_| wanted.primary)
+            .map(|n| n.primary_ips.as_slice())
+            .unwrap_or_default();
+        let in_cidrs = self
+            .local_addresses
+            .iter()
+            .filter(|a| wanted.cidrs.iter().any(|c| c.contains(*a)));
+        let mut ips: Vec<IpAddr> = primary.iter().chain(in_cidrs).copied().collect();
         ips.retain(|a| Family::of(a) == family && !a.is_loopback());
         ips.sort();
         ips.dedup();
@@ -298,17 +322,32 @@ impl NodeConfig {
         if !wanted {
             return None;
         }
-        Some(match (&self.nodeport_addresses, node) {
-            (NodePortAddresses::Primary, Some(n)) if n.primary_ips.is_empty() => format!(
-                "NodePorts are served on no address: this node's Node object ({:?}) is missing or has no InternalIP; it gives the addresses (or set --nodeport-addresses to CIDRs)",
+        let wanted = &self.nodeport_addresses;
+        let why_primary = match node {
+            Some(n) => format!(
+                "this node's Node object ({:?}) has no InternalIP to give its primary addresses",
                 n.name
             ),
-            (NodePortAddresses::Primary, _) => "NodePorts are served on no address: there is no Node object for this node to give its addresses (name it with --hostname-override, or set --nodeport-addresses to CIDRs)".into(),
-            (NodePortAddresses::Cidrs(c), _) => format!(
-                "NodePorts are served on no address: none of this node's addresses is in --nodeport-addresses {}",
-                c.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",")
-            ),
-        })
+            None => "there is no Node object for this node to give its primary addresses (name it with --hostname-override)".into(),
+        };
+        let why_cidrs = format!(
+            "none of this node's addresses is in {}",
+            wanted
+                .cidrs
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let why = match (wanted.primary, wanted.cidrs.is_empty()) {
+            (true, true) => format!("{why_primary}, or set --nodeport-addresses to CIDRs"),
+            (true, false) => format!("{why_primary}, and {why_cidrs}"),
+            (false, false) => why_cidrs,
+            (false, true) => {
+                "--nodeport-addresses names loopback only, where NodePorts are not served".into()
+            }
+        };
+        Some(format!("NodePorts are served on no address: {why}"))
     }
 
     /// The first CIDR of `family` among `cidrs`, host bits cleared.

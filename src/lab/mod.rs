@@ -142,6 +142,9 @@ pub fn run(opts: &LabOptions) -> Result<bool, Box<dyn std::error::Error>> {
     for r in &validated.rejected {
         println!("rejected: {r}");
     }
+    for r in &validated.skipped_values {
+        println!("skipped: {r}; the rest of the object is proxied");
+    }
     let plans = plan_pods(&loaded.objects);
     let started = Instant::now();
     let mut topo = Topology::build(&opts.prefix)?;

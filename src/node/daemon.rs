@@ -9,10 +9,10 @@
 //! SIGTERM and SIGINT stop the daemon and leave the rules serving.
 
 use crate::config::{DetectLocal, Settings, Source};
-use crate::core::convert::log_rejected;
+use crate::core::convert::{log_rejected, log_skipped_values};
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
-use crate::core::node_config::{NodeConfig, NodePortAddresses};
+use crate::core::node_config::NodeConfig;
 use crate::engine::dataplane::SyncKind;
 use crate::engine::{Engine, SyncReport};
 use crate::netlink::monitor::{Change, Monitor};
@@ -67,7 +67,7 @@ fn manifests_stamp(paths: &[PathBuf]) -> ManifestStamp {
 /// Reads this node's addresses into the config when `--nodeport-addresses` CIDRs
 /// need them; on failure the addresses known before are kept.
 pub fn with_local_addresses(mut config: NodeConfig) -> NodeConfig {
-    if matches!(config.nodeport_addresses, NodePortAddresses::Cidrs(_)) {
+    if !config.nodeport_addresses.cidrs.is_empty() {
         match route::local_addresses() {
             Ok(addrs) => config.local_addresses = addrs,
             Err(e) => tracing::warn!("reading this node's addresses: {e}"),
@@ -269,6 +269,8 @@ fn absorb(update: Update, store: &mut ClusterStore, engine: &mut Engine, metrics
     let outcome = store.apply(update);
     log_rejected(&outcome.rejected);
     metrics.rejected(&outcome.rejected);
+    log_skipped_values(&outcome.skipped_values);
+    metrics.skipped_values(&outcome.skipped_values);
     metrics.changes_seen(outcome.service_changes, outcome.endpoint_changes);
     let changes = store.take_changes();
     engine.mark(changes.services);

@@ -61,6 +61,7 @@ pub struct Metrics {
     conntrack_deleted: Family<Labels, Counter>,
     transaction_bytes: Histogram,
     rejected: Family<Labels, Counter>,
+    skipped_values: Family<Labels, Counter>,
     manifest_errors: Counter,
     manifests_failing: Gauge,
     drift_repairs: Family<Labels, Counter>,
@@ -126,6 +127,7 @@ impl Metrics {
             // 1 KiB to 1 GiB, by fours.
             transaction_bytes: Histogram::new(exponential_buckets(1024.0, 4.0, 11)),
             rejected: Family::default(),
+            skipped_values: Family::default(),
             manifest_errors: Counter::default(),
             manifests_failing: Gauge::default(),
             drift_repairs: Family::default(),
@@ -137,6 +139,7 @@ impl Metrics {
     /// counters' names.
     fn register(mut self) -> Metrics {
         let r = &mut self.registry;
+        r.register_collector(Box::new(crate::node::process_metrics::ProcessCollector));
         r.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
@@ -228,6 +231,11 @@ impl Metrics {
             self.rejected.clone(),
         );
         r.register(
+            "kubenft_skipped_values",
+            "Values skipped as malformed in objects that were kept (an external IP, an ingress IP, a source range), by kind and field",
+            self.skipped_values.clone(),
+        );
+        r.register(
             "kubenft_manifest_errors",
             "Manifest files found unreadable or not YAML (each new error once); the file's last good objects were kept",
             self.manifest_errors.clone(),
@@ -268,6 +276,15 @@ impl Metrics {
             let kind = r.object.split(' ').next().unwrap_or_default().to_string();
             self.rejected
                 .get_or_create(&vec![("kind", kind), ("reason", reason_of(r))])
+                .inc();
+        }
+    }
+
+    pub fn skipped_values(&self, skipped: &[Rejected]) {
+        for r in skipped {
+            let kind = r.object.split(' ').next().unwrap_or_default().to_string();
+            self.skipped_values
+                .get_or_create(&vec![("kind", kind), ("field", reason_of(r))])
                 .inc();
         }
     }

@@ -7,7 +7,7 @@
 //! (text for people, as kube-proxy 1.36's zpages).
 
 use crate::config::{go_duration, DetectLocal, Settings, Source, API_VERSION};
-use crate::core::node_config::{NodePortAddresses, ProxyMode};
+use crate::core::node_config::ProxyMode;
 use crate::node::http::Response;
 use crate::node::metrics::Metrics;
 use std::sync::Arc;
@@ -127,10 +127,7 @@ fn configz(s: &Settings) -> String {
             DetectLocal::NodeCidr => "NodeCIDR",
         },
         "clusterCIDR": node.cluster_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","),
-        "nodePortAddresses": match &node.nodeport_addresses {
-            NodePortAddresses::Primary => vec!["primary".to_string()],
-            NodePortAddresses::Cidrs(c) => c.iter().map(|c| c.to_string()).collect(),
-        },
+        "nodePortAddresses": node.nodeport_addresses.items(),
         "oomScoreAdj": s.oom_score_adj,
     });
     match &node.mode {

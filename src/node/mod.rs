@@ -16,5 +16,6 @@ pub mod kube_proxy_leftovers;
 pub mod malloc_arena;
 pub mod metrics;
 pub mod metrics_server;
+pub mod process_metrics;
 pub mod proxy_health;
 pub mod stale_flows;

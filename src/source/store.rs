@@ -36,6 +36,8 @@ pub struct UpdateOutcome {
     pub service_changes: usize,
     pub endpoint_changes: usize,
     pub rejected: Vec<Rejected>,
+    /// Values skipped in Services that were kept (`convert_service`).
+    pub skipped_values: Vec<Rejected>,
     /// The ServiceCIDRs changed: `service_cidrs()` has the new list.
     pub service_cidrs_changed: bool,
 }
@@ -326,7 +328,7 @@ impl ClusterStore {
     fn apply_service(&mut self, svc: &core::Service, present: bool, out: &mut UpdateOutcome) {
         let key = service_key(&svc.metadata);
         let converted = if present {
-            match convert_service(svc) {
+            match convert_service(svc, &mut out.skipped_values) {
                 Ok(Converted::Valid(s)) => Some(s),
                 Ok(Converted::Skipped(why)) => {
                     tracing::debug!("Service {key}: not proxied: {why:?}");

@@ -99,7 +99,7 @@ pub fn rtnetlink(data: &[u8]) {
 pub fn api_objects(data: &[u8]) {
     let mut objects = Objects::default();
     if let Ok(s) = serde_json::from_slice::<Service>(data) {
-        let _ = convert::convert_service(&s);
+        let _ = convert::convert_service(&s, &mut Vec::new());
         objects.services.push(s);
     }
     if let Ok(s) = serde_json::from_slice::<EndpointSlice>(data) {
