@@ -580,7 +580,7 @@ fn log_format(format: Option<&str>, field: &str) -> Result<bool, String> {
 fn split_stream(field: &str, value: Option<&str>) -> Result<(), String> {
     match value {
         Some(v) if !is_noop(v) => Err(format!(
-            "{field}={v}: not supported by kube-nft (logs go to stderr, unbuffered)"
+            "{field}: not supported by kube-nft (logs go to stderr, unbuffered), given {v}"
         )),
         _ => Ok(()),
     }
