@@ -1285,3 +1285,22 @@ fn the_daemonset_is_sized_by_the_table_of_operations_md() {
         "a limit of {limit} MiB under 1.25 × the largest peak, {largest} MiB"
     );
 }
+
+/// The start's kernel probe (node::kernel_probe) writes its scratch tables,
+/// reads them back and deletes them, a leftover of a probe that died
+/// included: after the start the node holds kube-nft's tables and no probe's.
+#[test]
+fn the_kernel_probe_leaves_no_table_behind() {
+    let c = Cluster::new("probe", &WEB_PODS[..1], &[9376]);
+    nft_in(
+        c.node(),
+        "add table ip kube-nft-probe-kube-nft; add chain ip kube-nft-probe-kube-nft leftover",
+    );
+    let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
+    let out = sync_once(c.node(), &manifests);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let ruleset = nft_list(c.node());
+    assert!(!ruleset.contains("kube-nft-probe"), "{ruleset}");
+    assert!(answers(c.client(), WEB_VIP));
+}

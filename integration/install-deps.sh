@@ -17,6 +17,7 @@ command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 [ -x /bin/busybox ] && /bin/busybox --list | grep -x depmod >/dev/null || missing+=(busybox-static)
 command -v ipvsadm >/dev/null || missing+=(ipvsadm)
 command -v cpio >/dev/null || missing+=(cpio)
+command -v xz >/dev/null || missing+=(xz-utils)  # the 5.10 guest's kernel, found in the archive's index
 command -v python3 >/dev/null || missing+=(python3)
 # The real control plane's keys (integration/k8s/cluster.sh).
 command -v openssl >/dev/null || missing+=(openssl)

@@ -107,6 +107,10 @@ bounded 1200 "the fuzz targets" bash integration/fuzz/run.sh 15 2>&1 | tee -a "$
 # The IPVS tests, and the packet tests again, in Debian's 6.1 kernel under qemu
 # (this kernel has no IPVS). Its lines start with "guest: ".
 bounded 1800 "the 6.1 guest" bash integration/vm/run.sh 2>&1 | tee -a "$log" || status=$?
+# The same in Debian 11's 5.10, the oldest kernel kube-nft runs on, with the
+# start's kernel probe (docs/OPERATIONS.md, "Kernel").
+bounded 1800 "the 5.10 guest" env KUBE_NFT_VM_KERNEL=5.10 bash integration/vm/run.sh \
+  ipvs dataplane features daemon:ipvs_mode_ daemon:the_kernel_probe 2>&1 | tee -a "$log" || status=$?
 # kube-nft as users run it: its image built from deploy/Containerfile, deployed
 # from deploy/ in a kind cluster (a control plane and two workers, real kubelet,
 # containerd, CoreDNS), and the same checks against real kube-proxy; then the

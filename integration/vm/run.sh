@@ -2,6 +2,8 @@
 # Runs test binaries inside Debian's 6.1 cloud kernel under qemu (software
 # emulation: KVM does not work on the development and CI machines). That kernel
 # has IPVS, which the host's does not, and is the LTS many nodes run.
+# KUBE_NFT_VM_KERNEL=5.10 boots Debian 11's instead (bullseye-security's
+# newest linux-image-5.10.0-*-cloud-amd64), the oldest kernel kube-nft runs on.
 #
 #   integration/vm/run.sh [SUITE[:FILTER]...]
 #
@@ -28,21 +30,37 @@ limit=${KUBE_NFT_VM_TIMEOUT:-900}
 
 work=$root_dir/target/vm
 mkdir -p "$work"
+kernel_choice=${KUBE_NFT_VM_KERNEL:-6.1}
+kernel_dir=$work/kernel-$kernel_choice
 
-# --- the kernel: Debian's linux-image-cloud-amd64 (6.1), downloaded once ---
-if [ ! -f "$work/kernel/ok" ]; then
-  rm -rf "$work/kernel" "$work/debs"
-  mkdir -p "$work/kernel" "$work/debs"
-  image_name() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }'; }
-  image=$(image_name)
-  [ -n "$image" ] || { apt-get update -qq && image=$(image_name); }
-  [ -n "$image" ] || { echo "vm: no linux-image-cloud-amd64 in apt's lists (apt-get update?)" >&2; exit 1; }
-  (cd "$work/debs" && apt-get download "$image" 2> >(grep -v unsandboxed >&2))
-  dpkg-deb -x "$work"/debs/"$image"_*.deb "$work/kernel"
-  touch "$work/kernel/ok"
+# --- the kernel, downloaded once: Debian's linux-image-cloud-amd64 (6.1) from
+# apt, or Debian 11's 5.10 straight from its archive ---
+if [ ! -f "$kernel_dir/ok" ]; then
+  rm -rf "$kernel_dir" "$work/debs"
+  mkdir -p "$kernel_dir" "$work/debs"
+  case $kernel_choice in
+  6.1)
+    image_name() { apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-/ { print $2; exit }'; }
+    image=$(image_name)
+    [ -n "$image" ] || { apt-get update -qq && image=$(image_name); }
+    [ -n "$image" ] || { echo "vm: no linux-image-cloud-amd64 in apt's lists (apt-get update?)" >&2; exit 1; }
+    (cd "$work/debs" && apt-get download "$image" 2> >(grep -v unsandboxed >&2))
+    ;;
+  5.10)
+    archive=http://deb.debian.org/debian-security
+    deb=$(curl -fsS "$archive/dists/bullseye-security/main/binary-amd64/Packages.xz" | xz -d |
+      awk '/^Package: linux-image-5\.10\.0-[0-9]+-cloud-amd64$/ { p = 1; next }
+           /^Package:/ { p = 0 } p && /^Filename:/ { print $2 }' | sort -V | tail -1)
+    [ -n "$deb" ] || { echo "vm: no linux-image-5.10.0-*-cloud-amd64 in bullseye-security" >&2; exit 1; }
+    curl -fsS -o "$work/debs/$(basename "$deb")" "$archive/$deb"
+    ;;
+  *) echo "vm: KUBE_NFT_VM_KERNEL=$kernel_choice: 6.1 or 5.10" >&2; exit 1 ;;
+  esac
+  dpkg-deb -x "$work"/debs/*.deb "$kernel_dir"
+  touch "$kernel_dir/ok"
 fi
-kver=$(ls "$work/kernel/lib/modules")
-vmlinuz=$work/kernel/boot/vmlinuz-$kver
+kver=$(ls "$kernel_dir/lib/modules")
+vmlinuz=$kernel_dir/boot/vmlinuz-$kver
 
 # --- the test binaries, as cargo built them ---
 declare -A exe
@@ -89,7 +107,7 @@ echo "root:x:0:0:root:/:/bin/sh" >"$stage/etc/passwd"
 
 # Modules: what a Kubernetes node's netfilter, IPVS and test links need. busybox
 # depmod indexes them so the kernel's on-demand loading (nft_chain_nat, …) works.
-mods=$work/kernel/lib/modules/$kver
+mods=$kernel_dir/lib/modules/$kver
 mkdir -p "$stage/lib/modules/$kver"
 (cd "$mods" && find kernel/net kernel/lib kernel/crypto kernel/drivers/net/veth.ko kernel/drivers/net/dummy.ko \
   -name '*.ko' | cpio -pdm --quiet "$stage/lib/modules/$kver")

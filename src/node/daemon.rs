@@ -363,6 +363,18 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         start_servers(&settings, flags, &health, &metrics);
     }
     drop(tx);
+    // Before the first sync: a kernel that cannot hold our rules stops the
+    // start here, with what it lacks, rather than refusing every sync. While
+    // the lists come in, and after the health server is up over an earlier
+    // run's rules, so that it costs the start nothing.
+    let mut sock = crate::netlink::NftSocket::open().map_err(|e| format!("nf_tables: {e}"))?;
+    let probing = std::time::Instant::now();
+    crate::node::kernel_probe::probe(&mut sock).map_err(|e| e.to_string())?;
+    drop(sock);
+    tracing::info!(
+        "this kernel takes every shape kube-nft writes (probed in {:.1} ms)",
+        probing.elapsed().as_secs_f64() * 1000.0
+    );
 
     let service_health = (!once).then(HealthServers::start);
     let mut flows = StaleFlowCleaner::default();

@@ -12,6 +12,7 @@ pub mod conntrack_sysctls;
 pub mod daemon;
 pub mod healthcheck;
 pub mod http;
+pub mod kernel_probe;
 pub mod kube_proxy_leftovers;
 pub mod malloc_arena;
 pub mod metrics;
