@@ -325,28 +325,26 @@ impl NftSocket {
     }
 
     /// Hands each set's elements to its table's visitor. The kernel dumps one
-    /// set per request, two system calls each (10k endpoint maps: ~0.25 s),
-    /// so with many sets the requests are shared out over a socket per CPU (up
-    /// to 4), each in its own thread (which starts in this thread's network
-    /// namespace). This thread reads its share and, between its own requests,
-    /// visits what the others pass it through a short queue.
+    /// set per request, and the cost of a set grows with the square of its
+    /// elements (each dump message walks the set again from its start, to skip
+    /// what earlier messages carried), so a few large endpoint maps can take
+    /// most of a readback: at 100k Services x 10, sixteen maps of 62,500. The
+    /// requests are shared out over a socket per CPU (up to 4), each in its
+    /// own thread (which starts in this thread's network namespace), taking
+    /// the next set as they finish the last, so that large sets spread over
+    /// them whatever their order. This thread visits what they pass it through
+    /// a short queue, and reads sets too when it is alone.
     fn visit_elements<V: TableVisitor>(
         &mut self,
         family: Family,
         sets: &[(String, String)],
         visitors: &mut HashMap<String, V>,
     ) -> Result<(), NftError> {
-        const SETS_PER_WORKER: usize = 512;
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(4)
-            .min(sets.len().div_ceil(SETS_PER_WORKER))
-            .max(1);
-        let chunk = sets.len().div_ceil(workers).max(1);
-        let mut parts = sets.chunks(chunk);
-        let mine = parts.next().unwrap_or_default();
+            .min(sets.len());
         type Read<'a> = Result<(&'a (String, String), Vec<KernelElement>), NftError>;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(64);
         let mut visit = |read: Read| -> Result<(), NftError> {
             let ((table, set), elements) = read?;
             let v = visitors.get_mut(table).expect("a walked table");
@@ -355,18 +353,30 @@ impl NftSocket {
             }
             Ok(())
         };
+        if workers <= 1 {
+            for at in sets {
+                let mut out = Vec::new();
+                self.each_set_element(family, &at.0, &at.1, |el| out.push(el))?;
+                visit(Ok((at, out)))?;
+            }
+            return Ok(());
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(64);
         std::thread::scope(|scope| {
             // Owned here, so that an early return drops it before the threads
             // are joined, which stops them at their next send.
             let rx = rx;
-            for part in parts {
-                let tx = tx.clone();
+            for _ in 0..workers {
+                let (tx, next) = (tx.clone(), &next);
                 scope.spawn(move || {
                     let mut sock = match NftSocket::open() {
                         Ok(sock) => sock,
                         Err(e) => return drop(tx.send(Err(e.into()))),
                     };
-                    for at in part {
+                    while let Some(at) =
+                        sets.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
                         let mut out = Vec::new();
                         let read = sock.each_set_element(family, &at.0, &at.1, |el| out.push(el));
                         if tx.send(read.map(|()| (at, out))).is_err() {
@@ -376,14 +386,6 @@ impl NftSocket {
                 });
             }
             drop(tx);
-            for at in mine {
-                let mut out = Vec::new();
-                self.each_set_element(family, &at.0, &at.1, |el| out.push(el))?;
-                visit(Ok((at, out)))?;
-                while let Ok(read) = rx.try_recv() {
-                    visit(read)?;
-                }
-            }
             rx.iter().try_for_each(&mut visit)
         })
     }

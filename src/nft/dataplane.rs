@@ -59,10 +59,19 @@ impl<K: NftKernel> NftDataplane<K> {
         state: &ClusterState,
         config: &NodeConfig,
     ) -> Result<Committed, NftError> {
+        let started = std::time::Instant::now();
         let views = read_views(&mut self.kernel)?;
+        let read = started.elapsed();
         let (plan, footprints) = plan_full(&views, state, config);
         drop(views);
+        let planned = started.elapsed();
         let committed = self.commit(plan)?;
+        tracing::debug!(
+            read_ms = read.as_millis() as u64,
+            plan_ms = (planned - read).as_millis() as u64,
+            commit_ms = (started.elapsed() - planned).as_millis() as u64,
+            "full sync: our tables read back, the plan made, committed"
+        );
         self.footprints = footprints;
         Ok(committed)
     }
