@@ -289,6 +289,28 @@ fn with_a_real_control_plane_a_local_node_port_and_its_health_check_serve_from_o
         statusz.contains("Paths: /configz /flagz /healthz /metrics /proxyMode"),
         "{statusz}"
     );
+    // The API client's requests as client-go counts them: a list and a watch
+    // of each of the four kinds, answered 200 by the API server (a watch is
+    // counted when its response starts), and their latencies.
+    let answered = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("rest_client_requests_total{code=\"200\"")
+                    && l.contains("method=\"GET\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let mut metrics = String::new();
+    wait_until(Duration::from_secs(10), "8 GETs answered 200", || {
+        metrics = metrics_port("/metrics").expect("/metrics").1;
+        answered(&metrics) >= 8.0
+    });
+    assert!(
+        metrics.contains("rest_client_request_duration_seconds_count{host="),
+        "{metrics}"
+    );
 
     // The node drains (KEP-3836): tainted for deletion by the cluster
     // autoscaler, /healthz says 503 so that load balancers stop sending here

@@ -140,6 +140,7 @@ impl Metrics {
     fn register(mut self) -> Metrics {
         let r = &mut self.registry;
         r.register_collector(Box::new(crate::node::process_metrics::ProcessCollector));
+        r.register_collector(Box::new(crate::node::process_metrics::ApiRequestCollector));
         r.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",

@@ -1,8 +1,10 @@
-//! The process metrics every Prometheus client serves (client_golang's
+//! The metrics of the process rather than of the proxy, computed at each
+//! scrape: the process metrics every Prometheus client serves (client_golang's
 //! process collector, which kube-proxy serves), read from /proc on each
 //! scrape: the kubernetes-mixin Proxy dashboard and common alerts read
 //! `process_resident_memory_bytes`, `process_cpu_seconds_total`,
-//! `process_start_time_seconds` and `process_open_fds`.
+//! `process_start_time_seconds` and `process_open_fds`; and the API client's
+//! requests as client-go's `rest_client_*` count them.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -120,6 +122,78 @@ impl Collector for ProcessCollector {
                 let m = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
                 gauge.encode(m)?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// The API client's requests (`source::api_metrics`), under client-go's names.
+#[derive(Debug, Default)]
+pub struct ApiRequestCollector;
+
+/// A histogram as counted elsewhere: buckets not cumulated, the last one +Inf.
+struct CountedHistogram<'a> {
+    bounds: &'a [f64],
+    buckets: &'a [u64],
+    sum: f64,
+}
+
+impl EncodeMetric for CountedHistogram<'_> {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.buckets.iter().copied())
+            .collect();
+        let count = self.buckets.iter().sum();
+        encoder.encode_histogram::<Vec<(String, String)>>(self.sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
+impl Collector for ApiRequestCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::source::api_metrics::{snapshot, DURATION_BUCKETS};
+        let requests = snapshot();
+        if requests.counts.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ((code, host, method), n) in &requests.counts {
+            let labels = [
+                ("code", code.as_str()),
+                ("host", host.as_str()),
+                ("method", method.as_str()),
+            ];
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        for ((host, verb), (buckets, sum)) in &requests.durations {
+            let labels = [("host", host.as_str()), ("verb", verb.as_str())];
+            CountedHistogram {
+                bounds: &DURATION_BUCKETS,
+                buckets,
+                sum: *sum,
+            }
+            .encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher, Event};
-use kube::{Api, Client, Config};
+use kube::{Api, Config};
 use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 
@@ -73,7 +73,13 @@ pub fn spawn<T: From<Update> + Send + 'static>(
     // The client spawns its request buffer on the runtime it is made in.
     let client = {
         let _in_runtime = runtime.enter();
-        Client::try_from(config).map_err(|e| format!("API client: {e}"))?
+        let counted = super::api_metrics::CountRequests {
+            host: super::api_metrics::host_label(&config.cluster_url),
+        };
+        kube::client::ClientBuilder::try_from(config)
+            .map_err(|e| format!("API client: {e}"))?
+            .with_layer(&counted)
+            .build()
     };
     let node_fields = format!("metadata.name={node_name}");
     std::thread::Builder::new()

@@ -3,6 +3,7 @@
 //! at a time (`Update`); manifest files are read whole into the same updates.
 //! `store` applies them to the model it owns and reports what changed.
 
+pub mod api_metrics;
 pub mod files;
 pub mod kubernetes;
 pub mod store;
