@@ -220,21 +220,27 @@ impl KubeProxyFlags {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use clap::Parser;
 
     /// As `run` has them: its own flags beside kube-proxy's others.
     #[derive(Parser)]
-    struct Cli {
+    pub(in crate::config) struct Cli {
         #[command(flatten)]
-        flags: Flags,
+        pub(in crate::config) flags: Flags,
         #[command(flatten)]
-        kp: KubeProxyFlags,
+        pub(in crate::config) kp: KubeProxyFlags,
+    }
+
+    /// `args` as `run` parses them, or clap's error.
+    pub(in crate::config) fn try_parse_both(args: &[&str]) -> Result<Cli, String> {
+        Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
     }
 
     fn parse_both(args: &[&str]) -> Cli {
-        Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied())).unwrap()
+        try_parse_both(args).unwrap()
     }
 
     fn parse(args: &[&str]) -> KubeProxyFlags {

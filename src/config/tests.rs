@@ -370,19 +370,9 @@ fn what_kube_nft_has_no_use_for_warns_once_naming_it() {
 /// set the same thing.
 #[test]
 fn a_setting_in_the_file_and_its_flag_behave_alike() {
-    use super::kube_proxy_flags::KubeProxyFlags;
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        flags: Flags,
-        #[command(flatten)]
-        kp: KubeProxyFlags,
-    }
     // The flags' warnings and settings (or error), without a file.
     let by_flags = |args: &[&str]| -> Result<(Vec<String>, Settings), String> {
-        let cli = Cli::try_parse_from(std::iter::once("kube-nft").chain(args.iter().copied()))
-            .map_err(|e| e.to_string())?;
+        let cli = super::kube_proxy_flags::tests::try_parse_both(args)?;
         let mut flags = cli.flags;
         flags.hostname_override = Some("node1".into());
         flags.cluster_cidr = Some(vec!["10.244.0.0/16".parse().unwrap()]);

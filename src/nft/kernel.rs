@@ -191,40 +191,130 @@ pub fn kernel_matches(kernel: &mut dyn NftKernel, ruleset: &Ruleset) -> Result<b
 /// counters ignored. Chain order is not compared: it is creation order in the
 /// kernel, and packets reach Service chains only through the maps.
 pub fn same_table(a: &KernelTable, b: &KernelTable) -> bool {
-    let mut a_sets = a.sets.clone();
-    let mut b_sets = b.sets.clone();
-    // Element order in a hash set is the kernel's, not ours.
-    for s in a_sets.iter_mut().chain(b_sets.iter_mut()) {
-        s.elements.sort_by(|x, y| x.key.cmp(&y.key));
-        // A dynamic set's elements are the packets', not ours.
-        if s.timeout_ms.is_some() {
-            s.elements.clear();
+    difference(a, b).is_none()
+}
+
+/// The first place where `got` is not `want` as `same_table` compares them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Difference {
+    /// Another family or name.
+    Table,
+    TableComment,
+    /// Missing, extra, or otherwise (its comment among the rest).
+    Counter(String),
+    /// Missing or extra.
+    Set(String),
+    /// Its typeof and comment.
+    SetComment(String),
+    /// Its definition or its elements.
+    SetContent(String),
+    /// Missing or extra.
+    Chain(String),
+    ChainComment(String),
+    ChainHook(String),
+    ChainRules(String),
+}
+
+/// Walks two lists sorted by name together: the first name on one side only,
+/// or the first pair of one name for which `differ` says how they differ.
+fn first_by_name<T>(
+    want: &[T],
+    got: &[T],
+    name: impl Fn(&T) -> &str,
+    missing: impl Fn(&str) -> Difference,
+    differ: impl Fn(&T, &T) -> Option<Difference>,
+) -> Option<Difference> {
+    let (mut w, mut g) = (want.iter().peekable(), got.iter().peekable());
+    loop {
+        match (w.peek(), g.peek()) {
+            (None, None) => return None,
+            (Some(x), None) => return Some(missing(name(x))),
+            (None, Some(y)) => return Some(missing(name(y))),
+            (Some(x), Some(y)) => match name(x).cmp(name(y)) {
+                std::cmp::Ordering::Less => return Some(missing(name(x))),
+                std::cmp::Ordering::Greater => return Some(missing(name(y))),
+                std::cmp::Ordering::Equal => {
+                    if let Some(d) = differ(x, y) {
+                        return Some(d);
+                    }
+                    w.next();
+                    g.next();
+                }
+            },
         }
     }
-    a_sets.sort_by(|x, y| x.name.cmp(&y.name));
-    b_sets.sort_by(|x, y| x.name.cmp(&y.name));
+}
+
+/// Where `got` first differs from `want`, or `None` if they are the same table.
+pub fn difference(want: &KernelTable, got: &KernelTable) -> Option<Difference> {
+    if want.family != got.family || want.name != got.name {
+        return Some(Difference::Table);
+    }
+    if want.userdata != got.userdata {
+        return Some(Difference::TableComment);
+    }
     let counters = |t: &KernelTable| {
         let mut v = t.counters.clone();
         v.sort_by(|x, y| x.name.cmp(&y.name));
         v
     };
+    if let Some(d) = first_by_name(
+        &counters(want),
+        &counters(got),
+        |c| c.name.as_str(),
+        |n| Difference::Counter(n.into()),
+        |x, y| (x != y).then(|| Difference::Counter(x.name.clone())),
+    ) {
+        return Some(d);
+    }
+    let sets = |t: &KernelTable| {
+        let mut v = t.sets.clone();
+        // Element order in a hash set is the kernel's, not ours.
+        for s in &mut v {
+            s.elements.sort_by(|x, y| x.key.cmp(&y.key));
+            // A dynamic set's elements are the packets', not ours.
+            if s.timeout_ms.is_some() {
+                s.elements.clear();
+            }
+        }
+        v.sort_by(|x, y| x.name.cmp(&y.name));
+        v
+    };
+    if let Some(d) = first_by_name(
+        &sets(want),
+        &sets(got),
+        |s| s.name.as_str(),
+        |n| Difference::Set(n.into()),
+        |x, y| {
+            if x.userdata != y.userdata {
+                Some(Difference::SetComment(x.name.clone()))
+            } else {
+                (x != y).then(|| Difference::SetContent(x.name.clone()))
+            }
+        },
+    ) {
+        return Some(d);
+    }
     fn by_name(t: &KernelTable) -> Vec<&KernelChain> {
         let mut v: Vec<&KernelChain> = t.chains.iter().collect();
         v.sort_by(|x, y| x.name.cmp(&y.name));
         v
     }
-    let (a_chains, b_chains) = (by_name(a), by_name(b));
-    a.family == b.family
-        && a.name == b.name
-        && a.userdata == b.userdata
-        && counters(a) == counters(b)
-        && a_sets == b_sets
-        && a_chains.len() == b_chains.len()
-        && a_chains.iter().zip(&b_chains).all(|(x, y)| {
-            x.name == y.name
-                && x.base == y.base
-                && x.userdata == y.userdata
-                && x.rules.len() == y.rules.len()
-                && x.rules.iter().zip(&y.rules).all(|(r, s)| r.same_as(s))
-        })
+    first_by_name(
+        &by_name(want),
+        &by_name(got),
+        |c| c.name.as_str(),
+        |n| Difference::Chain(n.into()),
+        |x, y| {
+            let same_rules = x.rules.len() == y.rules.len()
+                && x.rules.iter().zip(&y.rules).all(|(r, s)| r.same_as(s));
+            if x.userdata != y.userdata {
+                Some(Difference::ChainComment(x.name.clone()))
+            } else if x.base != y.base {
+                Some(Difference::ChainHook(x.name.clone()))
+            } else {
+                (!same_rules).then(|| Difference::ChainRules(x.name.clone()))
+            }
+        },
+    )
 }

@@ -21,7 +21,7 @@ use crate::core::node_config::{NodeConfig, NodePortAddresses};
 use crate::netlink::batch::{write_table, Batch};
 use crate::netlink::objects::{KernelChain, KernelTable};
 use crate::netlink::{NftError, NftSocket};
-use crate::nft::kernel::{lowered, same_table};
+use crate::nft::kernel::{difference, lowered, same_table, Difference};
 use crate::nft::translate::translate;
 use std::collections::HashMap;
 
@@ -259,40 +259,27 @@ fn read_back(sock: &mut NftSocket) -> Result<HashMap<(Family, String), KernelTab
 }
 
 /// The first thing `got` lacks or holds otherwise than `want`, named as `nft`
-/// would name it.
+/// would name it, with the kernel that brought what a kernel may drop.
 fn first_difference(want: &KernelTable, got: &KernelTable) -> String {
     let table = format!("table {} {}", want.family.keyword(), want.name);
-    if want.userdata != got.userdata {
-        return format!(
+    match difference(want, got) {
+        None | Some(Difference::Table) => table,
+        Some(Difference::TableComment) => format!(
             "the comment of {table} (a table's comment, NFTA_TABLE_USERDATA, came in Linux 5.10)"
-        );
+        ),
+        Some(Difference::Counter(c)) => format!(
+            "counter {c} of {table} (a named object's comment, NFTA_OBJ_USERDATA, came in Linux 5.10)"
+        ),
+        Some(Difference::Set(s)) => format!("set {s} of {table}"),
+        Some(Difference::SetComment(s)) => format!("the typeof and comment of set {s} of {table}"),
+        Some(Difference::SetContent(s)) => format!("the elements of set {s} of {table}"),
+        Some(Difference::Chain(c)) => format!("chain {c} of {table}"),
+        Some(Difference::ChainComment(c)) => format!(
+            "the comment of chain {c} of {table} (a chain's comment, NFTA_CHAIN_USERDATA, came in Linux 5.10)"
+        ),
+        Some(Difference::ChainHook(c)) => format!("the hook of chain {c} of {table}"),
+        Some(Difference::ChainRules(c)) => format!("a rule of chain {c} of {table}"),
     }
-    for c in &want.counters {
-        match got.counters.iter().find(|g| g.name == c.name) {
-            Some(g) if g == c => {}
-            Some(_) => return format!("counter {} of {table} (a named object's comment, NFTA_OBJ_USERDATA, came in Linux 5.10)", c.name),
-            None => return format!("counter {} of {table}", c.name),
-        }
-    }
-    for s in &want.sets {
-        match got.sets.iter().find(|g| g.name == s.name) {
-            Some(g) if g.userdata != s.userdata => {
-                return format!("the typeof and comment of set {} of {table}", s.name)
-            }
-            Some(_) => {}
-            None => return format!("set {} of {table}", s.name),
-        }
-    }
-    for c in &want.chains {
-        match got.chains.iter().find(|g| g.name == c.name) {
-            Some(g) if g.userdata != c.userdata => return format!("the comment of chain {} of {table} (a chain's comment, NFTA_CHAIN_USERDATA, came in Linux 5.10)", c.name),
-            Some(g) if g.base != c.base => return format!("the hook of chain {} of {table}", c.name),
-            Some(g) if g.rules.len() != c.rules.len() || !g.rules.iter().zip(&c.rules).all(|(r, s)| r.same_as(s)) => return format!("a rule of chain {} of {table}", c.name),
-            Some(_) => {}
-            None => return format!("chain {} of {table}", c.name),
-        }
-    }
-    format!("the elements of a set of {table}")
 }
 
 #[cfg(test)]
