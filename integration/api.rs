@@ -185,6 +185,29 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
     });
     assert!(timed_out(&c, "10.96.7.7:80"));
 
+    // Services and EndpointSlices are asked for with kube-proxy's label
+    // selector, lists and watches alike; Nodes and ServiceCIDRs without it.
+    let selected = |r: &String| {
+        r.replace("%21", "!")
+            .replace("%2F", "/")
+            .replace("%2C", ",")
+            .contains("labelSelector=!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless")
+    };
+    let all = api.requests();
+    for (path, want) in [
+        ("/api/v1/services", true),
+        ("/apis/discovery.k8s.io/v1/endpointslices", true),
+        ("/api/v1/nodes", false),
+        ("/apis/networking.k8s.io/v1/servicecidrs", false),
+    ] {
+        let of: Vec<&String> = all
+            .iter()
+            .filter(|r| r.contains(&format!("{path}?")))
+            .collect();
+        assert!(of.len() >= 2, "a list and a watch of {path}: {all:?}");
+        assert!(of.iter().all(|r| selected(r) == want), "{path}: {of:?}");
+    }
+
     // A dropped watch resumes from the last resourceVersion: no relist, no sync.
     let ruleset = nft_list(c.node());
     let synced = syncs(&c);

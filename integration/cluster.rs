@@ -32,8 +32,9 @@ fn a_real_api_server_and_endpointslice_controller_drive_kube_nft_run_as_the_daem
 }
 
 /// Scenarios 1, 5 and 6 of issue #17 on one node, with packets: a ClusterIP
-/// reached from outside the node and from a pod, then scaled to zero (refused at
-/// once), then deleted (its rules gone).
+/// reached from outside the node and from a pod, labelled as another proxy's
+/// (its rules gone) and back, then scaled to zero (refused at once), then
+/// deleted (its rules gone).
 #[test]
 fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes() {
     let s = Serving::new("kcs", "kc2");
@@ -49,6 +50,32 @@ fn with_a_real_control_plane_a_cluster_ip_serves_then_refuses_at_zero_then_goes(
     let from_pod = tally(&c.pod_ns("web-a"), &vip, 30, false);
     assert!(from_pod.errors.is_empty(), "{from_pod:?}");
     assert_eq!(from_pod.answers.len(), 2, "both pods: {from_pod:?}");
+
+    // Another proxy's label: the Service leaves the watch's label selection,
+    // the API server reports it deleted, and its rules go; without the label
+    // it is back, and answers.
+    cp.kubectl(&[
+        "label",
+        "service",
+        "web",
+        "service.kubernetes.io/service-proxy-name=another-proxy",
+    ]);
+    wait_until(
+        Duration::from_secs(30),
+        "another proxy's Service to lose its rules",
+        || !nft_list(c.node()).contains(&s.cluster_ip),
+    );
+    cp.kubectl(&[
+        "label",
+        "service",
+        "web",
+        "service.kubernetes.io/service-proxy-name-",
+    ]);
+    wait_until(
+        Duration::from_secs(30),
+        "the ClusterIP to answer again",
+        || answers(c.client(), &vip),
+    );
 
     // Scale to zero: the pods go (forced: no kubelet confirms a graceful end), the
     // controller empties the slice, and a connection is refused at once.

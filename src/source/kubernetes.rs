@@ -7,6 +7,7 @@
 //! proxy keeps serving what it has.
 
 use super::{Delta, Update};
+use crate::core::model::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -87,9 +88,10 @@ pub fn spawn<T: From<Update> + Send + 'static>(
         .spawn(move || {
             runtime.block_on(async move {
                 let fields = watcher::Config::default();
+                let proxied = fields.clone().labels(&proxied_selector());
                 tokio::join!(
                     forward(
-                        watcher(Api::<core::Service>::all(client.clone()), fields.clone()),
+                        watcher(Api::<core::Service>::all(client.clone()), proxied.clone()),
                         "Services",
                         Update::Service,
                         tx.clone(),
@@ -97,7 +99,7 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                     forward(
                         watcher(
                             Api::<discovery::EndpointSlice>::all(client.clone()),
-                            fields.clone(),
+                            proxied,
                         ),
                         "EndpointSlices",
                         Update::Slice,
@@ -123,6 +125,16 @@ pub fn spawn<T: From<Update> + Send + 'static>(
         })
         .map_err(|e| format!("starting the watch thread: {e}"))?;
     Ok(())
+}
+
+/// kube-proxy's informers' label selector, for Services and EndpointSlices
+/// alike: the API server leaves out another proxy's objects and headless ones,
+/// rather than sending each for us to drop, in every list and watch event and
+/// on every node. An object that gains
+/// either label leaves the selection, and the watch reports it deleted.
+/// `convert` still skips both, for manifests.
+fn proxied_selector() -> String {
+    format!("!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}")
 }
 
 fn is_gone(e: &watcher::Error) -> bool {
