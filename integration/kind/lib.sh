@@ -81,6 +81,58 @@ deploy_kube_nft() {
   kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
 }
 
+# kube-nft installed as users of a Helm chart install it: deploy/helm/kube-nft
+# (made from deploy/), checked against deploy/ first (deploy/helm/check.sh),
+# then installed with the API server's address and kind's conntrack setting as
+# values. Helm runs in the control-plane node, as kubectl does, on the chart
+# copied there (not under /tmp: a kind node mounts a tmpfs there, and `docker
+# cp` writes beneath it). Returns once the DaemonSet is rolled out.
+install_chart() {
+  local helm chart=$kind_dir/../../deploy/helm
+  helm=$(bash "$kind_dir/helm.sh") || fail "helm could not be built"
+  if bash "$chart/check.sh" "$helm"; then
+    log "ok: the Helm chart renders deploy/ exactly with its defaults, lints, and needs apiServer.host"
+  else
+    log "FAILED: the Helm chart is not deploy/ (deploy/helm/check.sh)"
+  fi
+  docker cp -q "$helm" "$name-control-plane:/usr/local/bin/helm"
+  docker exec "$name-control-plane" rm -rf /opt/kube-nft-chart
+  docker cp -q "$chart/kube-nft" "$name-control-plane:/opt/kube-nft-chart"
+  {
+    echo "config: |"
+    sed -n '/^  config.conf: |$/,$p' "$kind_dir/../../deploy/config.yaml" | tail -n +2 |
+      sed -e 's/^  //' -e 's/^  mode: nftables$/&\n  conntrack: {maxPerCore: 0}/'
+  } | docker exec -i "$name-control-plane" sh -c 'cat >/opt/kube-nft-kind.yaml'
+  in_node_helm install kube-nft /opt/kube-nft-chart --namespace kube-system \
+    --set apiServer.host="$(node_ip "$name-control-plane")" -f /opt/kube-nft-kind.yaml >/dev/null ||
+    fail "helm install of deploy/helm/kube-nft failed"
+  kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s >/dev/null ||
+    fail "kube-nft's DaemonSet, installed by Helm, did not roll out"
+  [ "$(kubectl -n kube-system get daemonset kube-nft -o jsonpath='{.metadata.labels.app\.kubernetes\.io/managed-by}')" = Helm ] ||
+    fail "kube-nft's DaemonSet is not Helm's"
+  log "ok: kube-nft installed by helm install of deploy/helm/kube-nft, on every node"
+}
+in_node_helm() { docker exec "$name-control-plane" helm --kubeconfig /etc/kubernetes/admin.conf "$@"; }
+
+# `helm upgrade` of one value, as a user changes one, in a cluster that
+# install_chart made: every kube-nft pod is replaced with it, one node at a
+# time, its rules serving throughout.
+upgrade_chart() {
+  in_node_helm upgrade kube-nft /opt/kube-nft-chart --namespace kube-system --reuse-values \
+    --set resources.requests.memory=160Mi >/dev/null || fail "helm upgrade failed"
+  kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s >/dev/null ||
+    fail "kube-nft's DaemonSet, upgraded by Helm, did not roll out"
+  local requests
+  requests=$(kubectl -n kube-system get pods -l k8s-app=kube-nft \
+    -o jsonpath='{range .items[*]}{.spec.containers[0].resources.requests.memory}{"\n"}{end}' | sort -u)
+  if [ "$requests" = 160Mi ]; then
+    log "ok: helm upgrade with a changed value rolled every kube-nft pod to it"
+  else
+    log "FAILED: after helm upgrade, kube-nft's pods request ${requests//$'\n'/, } (want 160Mi)"
+    return 1
+  fi
+}
+
 # upstream's `hostnames` example: 3 pods that each serve their own name on 9376
 # (as serve_hostname does), behind a NodePort Service on 80. An earlier run's
 # goes first, pods and all. Returns once the pods are ready and the

@@ -61,7 +61,11 @@ status=0
 # kube-nft alone, say).
 for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-iptables}; do
   started=$(date +%s)
-  if ! bash "$here/up.sh" --proxy "$proxy" "$name"; then
+  # kube-nft's own cluster is installed with its Helm chart; the clusters
+  # moved from kube-proxy get deploy/ applied (migrate.sh): both ways are run.
+  chart=()
+  [ "$proxy" != kube-nft ] || chart=(--chart)
+  if ! bash "$here/up.sh" --proxy "$proxy" "${chart[@]}" "$name"; then
     echo "kind: FAILED: a cluster with $proxy did not come up" >&2
     status=1
   else
@@ -76,6 +80,8 @@ for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-ip
     fi
     if [ "$proxy" != kube-nft ]; then
       bash "$here/migrate.sh" --from "$proxy" "$name" || status=1
+    else
+      (upgrade_chart) || status=1
     fi
   fi
   bash "$here/up.sh" --down "$name" >/dev/null 2>&1

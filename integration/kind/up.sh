@@ -2,11 +2,12 @@
 # A kind cluster whose Service proxy is kube-nft, deployed from deploy/ as users
 # deploy it (or, for comparison, kube-proxy as kubeadm deploys it):
 #
-#   integration/kind/up.sh [--proxy P] [NAME]   # create it and deploy; it stays
-#   integration/kind/up.sh --down [NAME]        # delete it
+#   integration/kind/up.sh [--proxy P] [--chart] [NAME]   # create it and deploy; it stays
+#   integration/kind/up.sh --down [NAME]                  # delete it
 #
 # NAME defaults to kube-nft. P is kube-nft (the default), kube-proxy-nftables or
-# kube-proxy-iptables. One control-plane node and two workers
+# kube-proxy-iptables. --chart installs kube-nft with its Helm chart
+# (deploy/helm/kube-nft, made from deploy/) instead of applying deploy/. One control-plane node and two workers
 # (integration/kind/kind-config.yaml). KUBE_NFT_KIND_IMAGES chooses where
 # everything comes from:
 #   published (default)  kind's published node image and CNI (kindnetd), and
@@ -19,12 +20,13 @@
 # kind itself is the one on PATH, or built from its Go module. Needs root and a
 # docker daemon (docker.sh starts Debian's where none runs).
 set -euo pipefail
-down=0 proxy=kube-nft
+down=0 proxy=kube-nft chart=0
 while [ $# -gt 0 ]; do
   case $1 in
   --down) down=1 ;;
   --proxy) proxy=$2 && shift ;;
-  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--down] [NAME]" >&2 && exit 2 ;;
+  --chart) chart=1 ;;
+  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--chart] [--down] [NAME]" >&2 && exit 2 ;;
   *) break ;;
   esac
   shift
@@ -96,7 +98,7 @@ fi
 
 if [ "$proxy" = kube-nft ]; then
   load_kube_nft_image
-  deploy_kube_nft
+  if [ "$chart" = 1 ]; then install_chart; else deploy_kube_nft; fi
 else
   kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s
 fi
