@@ -12,6 +12,7 @@ use kube_nft::ruleset::Ruleset;
 use kube_nft::ruleset::{Rule, Stmt, Verdict};
 use kube_nft::source::files::parse;
 use kube_nft::testbed::netns::in_netns;
+use std::time::Duration;
 
 fn desired(manifests: &str) -> Ruleset {
     let loaded = parse(manifests, "test.yaml").unwrap();
@@ -230,4 +231,104 @@ fn a_monitor_away_during_our_commits_hears_only_other_processes_commits() {
         rx.recv_timeout(std::time::Duration::from_secs(5)),
         Ok(Change::Foreign { .. })
     ));
+}
+
+/// With another process subscribed to nf_tables in the namespace (`nft
+/// monitor`), a transaction of more than `LISTENED_PART` objects goes in
+/// parts, so that the kernel holds one part's notifications at a time (the
+/// memory is measured by benches/foreign_listener.py). The parts leave the
+/// same tables as one transaction does with nobody listening, and the
+/// listener hears every object, once.
+#[test]
+fn a_listener_beside_a_large_sync_gets_it_in_parts_and_hears_every_object() {
+    use kube_nft::netlink::nftables::LISTENED_PART;
+    use kube_nft::testbed::netns::Netns;
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+    require_root();
+    let sync = |ns: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kube-nft"))
+            .args(["bench-child", "--netns", ns, "--services", "1000"])
+            .args(["--endpoints", "10000"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let tables = |ns: &str| {
+        in_netns(ns, || {
+            let mut sock = NftSocket::open().unwrap();
+            kernel::all_tables()
+                .filter_map(|t| sock.read_table(t.family, t.name()).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
+    };
+
+    let alone = Netns::create(&unique("alone")).unwrap();
+    let log = sync(&alone.name);
+    assert!(!log.contains("listens to nf_tables"), "{log}");
+    let whole = tables(&alone.name);
+
+    let heard = Netns::create(&unique("heard")).unwrap();
+    let mut monitor = Command::new("ip")
+        .args(["netns", "exec", &heard.name, "nft", "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (out, lines) = (monitor.stdout.take().unwrap(), lines.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    wait_until(Duration::from_secs(5), "nft monitor to subscribe", || {
+        exec_in(&heard.name, &["cat", "/proc/net/netlink"])
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("12"))
+    });
+    let log = sync(&heard.name);
+    let objects: usize = log
+        .split("a transaction of ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("not split:\n{log}"));
+    let parts: usize = log
+        .split(" objects goes as ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no parts:\n{log}"));
+    assert!(
+        objects > LISTENED_PART && parts >= objects.div_ceil(LISTENED_PART),
+        "{log}"
+    );
+    let got = tables(&heard.name);
+    assert_eq!(got.len(), whole.len());
+    for (want, got) in whole.iter().zip(&got) {
+        let d = kernel::difference(want, got);
+        assert!(d.is_none(), "{}: {d:?}", want.name);
+    }
+
+    // One line per object, and one per transaction ("# new generation").
+    let objects_heard = || {
+        let lines = lines.lock().unwrap();
+        let generations = lines.iter().filter(|l| l.starts_with('#')).count();
+        (lines.len() - generations, generations)
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "the monitor to print every object",
+        || objects_heard().0 >= objects,
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    monitor.kill().unwrap();
+    monitor.wait().unwrap();
+    reader.join().unwrap();
+    let (heard_objects, generations) = objects_heard();
+    assert_eq!(heard_objects, objects);
+    assert_eq!(generations, parts, "a generation per part");
 }

@@ -346,6 +346,55 @@ impl Batch {
         }
     }
 
+    /// Each message's bytes, in order.
+    fn raw_messages(&self) -> impl Iterator<Item = &[u8]> {
+        self.chunks.iter().flat_map(|chunk| {
+            let mut at = 0;
+            std::iter::from_fn(move || {
+                if at + NLMSG_HDRLEN > chunk.len() {
+                    return None;
+                }
+                let len = u32::from_ne_bytes(chunk[at..at + 4].try_into().expect("4 bytes"));
+                let end = (at + align4(len as usize)).min(chunk.len());
+                let msg = &chunk[at..end];
+                at = end;
+                Some(msg)
+            })
+        })
+    }
+
+    /// How many notifications the kernel builds for this batch when a socket
+    /// listens to nf_tables (`listeners`): one per element of an element
+    /// message, one per other message (a chain flush, one per rule it held,
+    /// is counted once).
+    pub fn notifications(&self) -> usize {
+        self.raw_messages().map(notifications_of).sum()
+    }
+
+    /// The batch cut, in order, into batches of at most `max` notifications
+    /// each (an element message holds ~1,000, and stays whole). Each
+    /// references only what earlier messages made (`Plan`'s order), so each
+    /// part commits on the ones before it.
+    pub fn split(self, max: usize) -> Vec<Batch> {
+        let mut parts = vec![Batch::new()];
+        let mut in_part = 0;
+        for msg in self.raw_messages() {
+            let n = notifications_of(msg);
+            if in_part > 0 && in_part + n > max {
+                parts.push(Batch::new());
+                in_part = 0;
+            }
+            in_part += n;
+            let part = parts.last_mut().expect("a part");
+            match part.chunks.last_mut() {
+                Some(c) if c.len() < CHUNK_BYTES => c.extend_from_slice(msg),
+                _ => part.chunks.push(msg.to_vec()),
+            }
+            part.messages += 1;
+        }
+        parts
+    }
+
     /// Closes the batch: numbers the messages in send order, frames them, and
     /// has the last object message ask for the ack.
     pub fn finish(self) -> Transaction {
@@ -382,6 +431,19 @@ impl Batch {
             last_seq: seq,
         }
     }
+}
+
+/// The notifications one message makes (`Batch::notifications`).
+fn notifications_of(msg: &[u8]) -> usize {
+    let kind = u16::from_ne_bytes([msg[4], msg[5]]);
+    if kind != msg_type(NEWSETELEM) && kind != msg_type(DELSETELEM) {
+        return 1;
+    }
+    // After the netlink header and the nfgenmsg.
+    super::attr::Attrs::new(msg.get(NLMSG_HDRLEN + 4..).unwrap_or_default())
+        .flatten()
+        .find(|(k, _)| *k == NFTA_SET_ELEM_LIST_ELEMENTS)
+        .map_or(1, |(_, list)| super::attr::Attrs::new(list).count())
 }
 
 /// Decodes one of our batch messages back into the words `Batch` was asked
@@ -644,5 +706,41 @@ mod tests {
             total += KernelElement::parse_list(&m.payload[4..]).unwrap().len();
         }
         assert_eq!(total, 10_000);
+    }
+
+    #[test]
+    fn a_split_keeps_every_message_in_order_within_its_notifications() {
+        let element = |i: u32| KernelElement {
+            key: i.to_be_bytes().to_vec(),
+            data: None,
+            userdata: None,
+        };
+        let mut b = Batch::new();
+        b.add_table(Family::Ip, "t", None);
+        let elements: Vec<KernelElement> = (0..5_000).map(element).collect();
+        b.add_elements(Family::Ip, "t", "s", &elements);
+        b.delete_elements(Family::Ip, "t", "s", &[element(1), element(2)]);
+        b.delete_table(Family::Ip, "t");
+        assert_eq!(b.notifications(), 1 + 5_000 + 2 + 1);
+        let whole: Vec<String> = {
+            let mut copy = Batch::new();
+            copy.chunks = b.chunks.clone();
+            copy.messages = b.messages;
+            copy.finish().described()
+        };
+        let max = 1_000;
+        let parts = b.split(max);
+        assert!(parts.len() >= 3, "{} parts", parts.len());
+        let mut described = Vec::new();
+        for part in parts {
+            let n = part.notifications();
+            assert!(
+                n <= max || part.len() == 1,
+                "a part of {n} in {} messages",
+                part.len()
+            );
+            described.extend(part.finish().described());
+        }
+        assert_eq!(described, whole);
     }
 }

@@ -11,6 +11,7 @@ pub mod conntrack;
 pub mod expr;
 pub mod genl;
 pub mod ipvs;
+pub mod listeners;
 pub mod message;
 pub mod monitor;
 pub mod nftables;

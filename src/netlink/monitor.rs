@@ -258,16 +258,17 @@ impl Drop for Away {
 
 /// Whether no other process committed while the monitors were away: from the
 /// generation read before our commit, after it, and once they were back (any
-/// of them unknown: perhaps one did). A commit that failed counts no
+/// of them unknown: perhaps one did). `committed` is how many transactions
+/// of ours committed (a split one, several; a failed one, none), each a
 /// generation.
 pub(crate) fn only_ours(
     before: Option<u32>,
     at_commit: Option<u32>,
     back: Option<u32>,
-    committed: bool,
+    committed: u32,
 ) -> bool {
     matches!((before, at_commit, back),
-        (Some(b), Some(c), Some(a)) if c == b.wrapping_add(u32::from(committed)) && a == c)
+        (Some(b), Some(c), Some(a)) if c == b.wrapping_add(committed) && a == c)
 }
 
 /// The notifications of a datagram: each one's type, the port id of the socket
@@ -293,28 +294,32 @@ mod tests {
 
     #[test]
     fn another_commit_while_the_monitors_were_away_is_told_by_the_generation() {
-        assert!(only_ours(Some(5), Some(6), Some(6), true));
+        assert!(only_ours(Some(5), Some(6), Some(6), 1));
         assert!(
-            only_ours(Some(5), Some(5), Some(5), false),
+            only_ours(Some(5), Some(5), Some(5), 0),
             "a refused commit counts none"
         );
         assert!(
-            only_ours(Some(u32::MAX), Some(0), Some(0), true),
+            only_ours(Some(u32::MAX), Some(0), Some(0), 1),
             "the count wraps"
         );
         assert!(
-            !only_ours(Some(5), Some(7), Some(7), true),
+            !only_ours(Some(5), Some(7), Some(7), 1),
             "one before or with ours"
         );
         assert!(
-            !only_ours(Some(5), Some(6), Some(7), true),
+            !only_ours(Some(5), Some(6), Some(7), 1),
             "one before they were back"
         );
         assert!(
-            !only_ours(Some(5), Some(6), Some(6), false),
+            !only_ours(Some(5), Some(6), Some(6), 0),
             "one while ours was refused"
         );
-        assert!(!only_ours(None, Some(6), Some(6), true), "unknown: perhaps");
-        assert!(!only_ours(Some(5), Some(6), None, true), "unknown: perhaps");
+        assert!(
+            only_ours(Some(5), Some(9), Some(9), 4),
+            "ours, split in four"
+        );
+        assert!(!only_ours(None, Some(6), Some(6), 1), "unknown: perhaps");
+        assert!(!only_ours(Some(5), Some(6), None, 1), "unknown: perhaps");
     }
 }

@@ -57,6 +57,51 @@ pub struct Committed {
     pub kernel: Duration,
 }
 
+/// The most objects a transaction holds while another socket listens to
+/// nf_tables in its namespace. The kernel then builds a notification of each
+/// object (~8 KiB of slab each: 10k Services x 10, 122k objects, added
+/// ~990 MiB) and holds them until the commit ends. Parts of 8192 still added
+/// 97 MiB (the listener's queue holds some too); of this size, about half.
+pub const LISTENED_PART: usize = 4096;
+
+/// The transactions to send for `batch`: itself, or, when it holds more than
+/// `LISTENED_PART` objects and another socket listens to nf_tables here, the
+/// batch cut in order into parts of that size (`Batch::split`). This
+/// process's monitors are away by then (`monitor::away_for`), so a listener
+/// found is someone else's: an operator's `nft monitor`, a security agent.
+/// Packets may meet the state between two parts; every part only adds to or
+/// removes from what the next ones complete, in the plan's order (sets and
+/// chains before the elements and rules that name them).
+fn listened_parts(batch: Batch) -> Vec<Batch> {
+    let objects = batch.notifications();
+    if objects <= LISTENED_PART {
+        return vec![batch];
+    }
+    let listeners = match super::listeners::nftables_listeners() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!("reading this namespace's netlink sockets: {e}");
+            return vec![batch];
+        }
+    };
+    if listeners.is_empty() {
+        return vec![batch];
+    }
+    let parts = batch.split(LISTENED_PART);
+    tracing::info!(
+        "another process listens to nf_tables here (netlink port {}): a transaction of \
+         {objects} objects goes as {} of at most {LISTENED_PART}, so that the kernel holds \
+         one part's notifications at a time rather than all of them",
+        listeners
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        parts.len()
+    );
+    parts
+}
+
 /// The port ids of this process's sockets that have committed a transaction.
 /// An nf_tables notification names the socket that committed it by its port id;
 /// the pid it also carries is the committer's in the initial pid namespace, which
@@ -107,22 +152,44 @@ impl NftSocket {
     /// This process's monitors of the namespace are away meanwhile
     /// (`Monitor::away_during_own_commits`); the generation count, read
     /// before and after, tells them if another process committed then.
+    ///
+    /// The one exception: a batch of more than `LISTENED_PART` objects, with
+    /// another socket listening to nf_tables in the namespace, goes as several
+    /// transactions (`listened_parts`). On error the parts before the one
+    /// refused stay committed, and the caller's next sync, a full one, reads
+    /// them back.
     pub fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
         if batch.is_empty() {
             return Ok(Committed::default());
         }
         let mut away = super::monitor::away_for(self.netns);
         let before = away.any().then(|| self.generation().ok()).flatten();
-        let result = self.send_batch(batch);
+        let mut committed = Committed::default();
+        let mut transactions = 0;
+        let mut result = Ok(());
+        for part in listened_parts(batch) {
+            match self.send_batch(part) {
+                Ok(c) => {
+                    committed.messages += c.messages;
+                    committed.bytes += c.bytes;
+                    committed.kernel += c.kernel;
+                    transactions += 1;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
         if away.any() {
             let at_commit = self.generation().ok();
             away.rejoin();
             let after = self.generation().ok();
-            if !super::monitor::only_ours(before, at_commit, after, result.is_ok()) {
+            if !super::monitor::only_ours(before, at_commit, after, transactions) {
                 away.missed();
             }
         }
-        result
+        result.map(|()| committed)
     }
 
     /// The kernel's generation count of the ruleset: one more per transaction
