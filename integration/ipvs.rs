@@ -271,6 +271,45 @@ fn session_affinity_is_ipvs_persistence_with_its_timeout() {
     assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
 }
 
+/// `ipvsadm -L --timeout`'s three numbers: tcp, tcpfin, udp.
+fn ipvs_timeouts(ns: &str) -> String {
+    let out = exec_in(ns, &["ipvsadm", "-L", "--timeout"]);
+    out.split_once("):")
+        .map(|(_, t)| t.split_whitespace().collect::<Vec<_>>().join(" "))
+        .unwrap_or(out)
+}
+
+/// `--ipvs-tcp-timeout` and the others are set as kube-proxy sets them
+/// (generic netlink IPVS_CMD_SET_CONFIG), a 0 keeping the kernel's, and a UDP
+/// flow through the ClusterIP gets an IPVS connection that ends on the UDP
+/// timeout rather than the kernel's 5 minutes.
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn the_ipvs_timeouts_are_set_as_asked_and_a_udp_flow_ends_on_its_own() {
+    let c = Cluster::new("ipvsto", &PODS, &[9376]);
+    assert_eq!(ipvs_timeouts(c.node()), "900 120 300", "a new namespace's");
+    c.apply_with(
+        &(node_object("zone-a") + &web(&ALL)),
+        &ipvs_flags(&["--ipvs-tcp-timeout=1h", "--ipvs-udp-timeout=7s"]),
+    );
+    assert_eq!(ipvs_timeouts(c.node()), "3600 120 7");
+
+    let t = tally(c.client(), "10.96.5.30:53", 3, true);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    // `UDP 00:07 UDP 10.0.0.2:41234 10.96.5.30:53 10.244.1.10:9376`
+    let conns = exec_in(c.node(), &["ipvsadm", "-Lnc"]);
+    let expires: Vec<u32> = conns
+        .lines()
+        .filter(|l| l.starts_with("UDP") && l.contains("10.96.5.30:53"))
+        .filter_map(|l| {
+            let (m, s) = l.split_whitespace().nth(1)?.split_once(':')?;
+            Some(m.parse::<u32>().ok()? * 60 + s.parse::<u32>().ok()?)
+        })
+        .collect();
+    assert!(!expires.is_empty(), "{conns}");
+    assert!(expires.iter().all(|e| *e <= 7), "{conns}");
+}
+
 #[test]
 #[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
 fn nftables_masquerades_rejects_and_filters_beside_ipvs() {

@@ -294,17 +294,9 @@ impl FileConfig {
             // before that backend exists; only used in mode ipvs.
             duration_field("ipvs.syncPeriod", &v.sync_period)?;
             duration_field("ipvs.minSyncPeriod", &v.min_sync_period)?;
-            for (field, value) in [
-                ("ipvs.tcpTimeout", &v.tcp_timeout),
-                ("ipvs.tcpFinTimeout", &v.tcp_fin_timeout),
-                ("ipvs.udpTimeout", &v.udp_timeout),
-            ] {
-                if duration_field(field, value)?.is_some_and(|d| !d.is_zero()) {
-                    return Err(format!(
-                        "{field}: kube-nft leaves IPVS's connection timeouts at the kernel's defaults; remove it"
-                    ));
-                }
-            }
+            duration_field("ipvs.tcpTimeout", &v.tcp_timeout)?;
+            duration_field("ipvs.tcpFinTimeout", &v.tcp_fin_timeout)?;
+            duration_field("ipvs.udpTimeout", &v.udp_timeout)?;
             if let Some(s) = v.scheduler.as_deref().filter(|s| !s.is_empty()) {
                 check_scheduler(s).map_err(|e| format!("ipvs.scheduler: {e}"))?;
             }

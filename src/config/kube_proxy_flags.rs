@@ -100,17 +100,6 @@ pub struct KubeProxyFlags {
     #[arg(long, value_name = "GATES")]
     pub feature_gates: Option<String>,
 
-    // Accepted only at the value that changes nothing, else refused.
-    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_tcp_timeout: Option<String>,
-    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_tcpfin_timeout: Option<String>,
-    /// Refused unless 0: IPVS connection timeouts are not set by kube-nft.
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_udp_timeout: Option<String>,
-
     // Refused.
     /// Refused unless 0.0.0.0 or ::: the node's addresses come from its Node object.
     #[arg(long, value_name = "IP")]
@@ -161,18 +150,6 @@ impl KubeProxyFlags {
         for (flag, value, why) in refused {
             if value.is_some() {
                 return Err(format!("{flag}: not supported by kube-nft ({why})"));
-            }
-        }
-        let only_noop = [
-            ("--ipvs-tcp-timeout", &self.ipvs_tcp_timeout),
-            ("--ipvs-tcpfin-timeout", &self.ipvs_tcpfin_timeout),
-            ("--ipvs-udp-timeout", &self.ipvs_udp_timeout),
-        ];
-        for (flag, value) in only_noop {
-            if let Some(v) = value.as_deref().filter(|v| !is_noop(v)) {
-                return Err(format!(
-                    "{flag}={v}: not supported by kube-nft, which sets no IPVS timeout (0 leaves the kernel's value, and is accepted)"
-                ));
             }
         }
         super::check_oom_score_adj("--oom-score-adj", self.oom_score_adj)?;
@@ -291,7 +268,6 @@ pub(super) mod tests {
 
         for (args, named) in [
             (&["--bind-address=10.0.0.1"][..], "--bind-address"),
-            (&["--ipvs-udp-timeout=5m"], "--ipvs-udp-timeout=5m"),
             (&["--write-config-to", "/tmp/x"], "--write-config-to"),
             (&["--oom-score-adj=-1001"], "--oom-score-adj"),
         ] {

@@ -13,7 +13,8 @@
 
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
-    IpvsSettings, ModeName, NodeConfig, NodePortAddresses, ProxyMode, DEFAULT_MASQUERADE_BIT,
+    IpvsSettings, IpvsTimeouts, ModeName, NodeConfig, NodePortAddresses, ProxyMode,
+    DEFAULT_MASQUERADE_BIT,
 };
 use crate::source::kubernetes::Connection;
 use ipnet::IpNet;
@@ -67,6 +68,16 @@ pub struct Flags {
     /// Virtual services in these CIDRs belong to someone else: never touched.
     #[arg(long, value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Option<Vec<IpNet>>,
+    /// IPVS's idle timeout for established TCP connections, for the whole
+    /// node (0: the kernel's, 900s unless changed).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ipvs_tcp_timeout: Option<Duration>,
+    /// IPVS's timeout for TCP connections after a FIN (0: the kernel's, 120s).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ipvs_tcpfin_timeout: Option<Duration>,
+    /// IPVS's timeout for UDP flows (0: the kernel's, 300s).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub ipvs_udp_timeout: Option<Duration>,
     /// Pod CIDRs (comma-separated, one per family): traffic from outside them to a
     /// ClusterIP is masqueraded.
     #[arg(long, value_delimiter = ',')]
@@ -613,6 +624,11 @@ fn duration_field(field: &str, value: &Option<String>) -> Result<Option<Duration
     }
 }
 
+fn whole_secs(flag: Option<Duration>, file: Option<Duration>) -> u32 {
+    flag.or(file)
+        .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX))
+}
+
 fn masquerade_bit(field: &str, bit: Option<i32>) -> Result<Option<u8>, String> {
     match bit {
         None => Ok(None),
@@ -791,6 +807,22 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
                     .or_else(|| non_empty(&ipvs.scheduler))
                     .unwrap_or_else(|| IpvsSettings::default().scheduler),
                 strict_arp: flags.ipvs_strict_arp.or(ipvs.strict_arp).unwrap_or(false),
+                // A flag over the file; whole seconds, as kube-proxy (which
+                // truncates), 0 leaving the kernel's value.
+                timeouts: IpvsTimeouts {
+                    tcp: whole_secs(
+                        flags.ipvs_tcp_timeout,
+                        duration_field("ipvs.tcpTimeout", &ipvs.tcp_timeout)?,
+                    ),
+                    tcp_fin: whole_secs(
+                        flags.ipvs_tcpfin_timeout,
+                        duration_field("ipvs.tcpFinTimeout", &ipvs.tcp_fin_timeout)?,
+                    ),
+                    udp: whole_secs(
+                        flags.ipvs_udp_timeout,
+                        duration_field("ipvs.udpTimeout", &ipvs.udp_timeout)?,
+                    ),
+                },
                 exclude_cidrs: match &flags.ipvs_exclude_cidrs {
                     Some(c) => c.clone(),
                     None => {

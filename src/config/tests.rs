@@ -200,7 +200,11 @@ fn flags_win_over_the_file_and_the_file_over_defaults() {
 fn invalid_files_fail_naming_the_field() {
     for (from, to, field) in [
         ("mode: nftables", "mode: userspace", "mode"),
-        ("  tcpTimeout: 0s", "  tcpTimeout: 900s", "ipvs.tcpTimeout"),
+        (
+            "  tcpTimeout: 0s",
+            "  tcpTimeout: a while",
+            "ipvs.tcpTimeout",
+        ),
         (
             "  maxPerCore: null",
             "  maxPerCore: -1",
@@ -661,7 +665,9 @@ fn mode_ipvs_takes_the_ipvs_section_and_its_flags() {
     let text = KUBEADM
         .replace("mode: nftables", "mode: ipvs")
         .replace("  scheduler: \"\"", "  scheduler: sh")
-        .replace("  strictARP: false", "  strictARP: true");
+        .replace("  strictARP: false", "  strictARP: true")
+        .replace("  tcpTimeout: 0s", "  tcpTimeout: 15m30.9s")
+        .replace("  udpTimeout: 0s\nkind:", "  udpTimeout: 30s\nkind:");
     let s = resolve_text(&text, Flags::default()).unwrap();
     assert_eq!(
         s.node.mode,
@@ -669,7 +675,28 @@ fn mode_ipvs_takes_the_ipvs_section_and_its_flags() {
             scheduler: "sh".into(),
             strict_arp: true,
             exclude_cidrs: Vec::new(),
+            // Whole seconds, as kube-proxy truncates them; 0 is the kernel's.
+            timeouts: IpvsTimeouts {
+                tcp: 930,
+                tcp_fin: 0,
+                udp: 30,
+            },
         })
+    );
+    // A flag over the file, the others from it.
+    let s = resolve_text(
+        &text,
+        Flags {
+            ipvs_tcp_timeout: Some(Duration::from_secs(3600)),
+            ipvs_tcpfin_timeout: Some(Duration::from_secs(5)),
+            ..Flags::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        matches!(&s.node.mode, ProxyMode::Ipvs(i) if i.timeouts == IpvsTimeouts { tcp: 3600, tcp_fin: 5, udp: 30 }),
+        "{:?}",
+        s.node.mode
     );
     let s = resolve_text(
         &text,

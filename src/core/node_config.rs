@@ -113,6 +113,35 @@ pub struct IpvsSettings {
     pub strict_arp: bool,
     /// `--ipvs-exclude-cidrs`: virtual services there are someone else's.
     pub exclude_cidrs: Vec<IpNet>,
+    pub timeouts: IpvsTimeouts,
+}
+
+/// IPVS's idle timeouts, in seconds, for the whole namespace (`ipvsadm
+/// --set`): established TCP (`--ipvs-tcp-timeout`), TCP after a FIN
+/// (`--ipvs-tcpfin-timeout`) and UDP (`--ipvs-udp-timeout`). 0 leaves the
+/// kernel's value (900, 120 and 300 s unless someone changed them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IpvsTimeouts {
+    pub tcp: u32,
+    pub tcp_fin: u32,
+    pub udp: u32,
+}
+
+impl IpvsTimeouts {
+    pub fn any(&self) -> bool {
+        *self != IpvsTimeouts::default()
+    }
+
+    /// Whether `have` holds every timeout asked for here (those at 0 aside).
+    pub fn held_by(&self, have: &IpvsTimeouts) -> bool {
+        [
+            (self.tcp, have.tcp),
+            (self.tcp_fin, have.tcp_fin),
+            (self.udp, have.udp),
+        ]
+        .iter()
+        .all(|(want, have)| *want == 0 || want == have)
+    }
 }
 
 impl Default for IpvsSettings {
@@ -121,6 +150,7 @@ impl Default for IpvsSettings {
             scheduler: "rr".into(),
             strict_arp: false,
             exclude_cidrs: Vec::new(),
+            timeouts: IpvsTimeouts::default(),
         }
     }
 }

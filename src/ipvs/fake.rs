@@ -10,6 +10,7 @@
 //! is tried in order, the first refusal is returned, and what went before it
 //! stays applied. Clones share one kernel, as `nft::fake::FakeKernel`'s do.
 
+use crate::core::node_config::IpvsTimeouts;
 use crate::ipvs::kernel::IpvsKernel;
 use crate::netlink::genl::GenlError;
 use crate::netlink::ipvs::{
@@ -45,6 +46,9 @@ struct State {
     interface: bool,
     addresses: BTreeSet<IpAddr>,
     sysctls: BTreeMap<String, String>,
+    timeouts: IpvsTimeouts,
+    /// How many times the timeouts were set.
+    timeouts_set: usize,
     commands: usize,
 }
 
@@ -78,6 +82,17 @@ impl FakeIpvs {
 
     pub fn sysctl(&self, key: &str) -> Option<String> {
         self.0.borrow().sysctls.get(key).cloned()
+    }
+
+    /// The IPVS timeouts, and how many times they were set.
+    pub fn timeouts(&self) -> (IpvsTimeouts, usize) {
+        let state = self.0.borrow();
+        (state.timeouts, state.timeouts_set)
+    }
+
+    /// Sets the timeouts behind the dataplane's back (`ipvsadm --set`).
+    pub fn tamper_timeouts(&self, t: IpvsTimeouts) {
+        self.0.borrow_mut().timeouts = t;
     }
 
     /// Applies `commands` behind the dataplane's back (someone else's tool, or drift).
@@ -217,6 +232,27 @@ impl IpvsKernel for FakeIpvs {
 
     fn set_sysctl(&mut self, key: &str, value: &str) -> io::Result<()> {
         self.0.borrow_mut().sysctls.insert(key.into(), value.into());
+        Ok(())
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsError> {
+        Ok(self.0.borrow().timeouts)
+    }
+
+    /// As the kernel: a timeout at 0 keeps the value it had.
+    fn set_timeouts(&mut self, t: IpvsTimeouts) -> Result<(), IpvsError> {
+        let mut state = self.0.borrow_mut();
+        let have = &mut state.timeouts;
+        for (have, want) in [
+            (&mut have.tcp, t.tcp),
+            (&mut have.tcp_fin, t.tcp_fin),
+            (&mut have.udp, t.udp),
+        ] {
+            if want != 0 {
+                *have = want;
+            }
+        }
+        state.timeouts_set += 1;
         Ok(())
     }
 }

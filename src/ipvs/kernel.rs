@@ -3,6 +3,7 @@
 //! by the IPVS socket in the current network namespace and, for unit tests, by
 //! `fake::FakeIpvs`, as `nft::kernel::NftKernel` is for nftables.
 
+use crate::core::node_config::IpvsTimeouts;
 use crate::netlink::ipvs::{
     Command, IpvsError, IpvsSocket, RealServer, VirtualKey, VirtualService,
 };
@@ -29,6 +30,10 @@ pub trait IpvsKernel {
     fn delete_address(&mut self, interface: u32, addr: IpAddr) -> Result<(), RouteError>;
     /// Sets the sysctl at /proc/sys/`key` unless it already holds `value`.
     fn set_sysctl(&mut self, key: &str, value: &str) -> std::io::Result<()>;
+    /// The namespace's IPVS timeouts.
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsError>;
+    /// Sets those of `t` that are not 0.
+    fn set_timeouts(&mut self, t: IpvsTimeouts) -> Result<(), IpvsError>;
 }
 
 impl IpvsKernel for IpvsSocket {
@@ -71,5 +76,13 @@ impl IpvsKernel for IpvsSocket {
             return Ok(());
         }
         std::fs::write(&path, value)
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsError> {
+        IpvsSocket::timeouts(self)
+    }
+
+    fn set_timeouts(&mut self, t: IpvsTimeouts) -> Result<(), IpvsError> {
+        IpvsSocket::set_timeouts(self, t)
     }
 }

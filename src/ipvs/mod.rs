@@ -19,7 +19,7 @@ mod tests;
 
 use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
-use crate::core::node_config::{IpvsSettings, NodeConfig};
+use crate::core::node_config::{IpvsSettings, IpvsTimeouts, NodeConfig};
 use crate::engine::dataplane::{Dataplane, SyncError, Written};
 use crate::netlink::ipvs::{Command, IpvsError, IpvsSocket, VirtualKey};
 use crate::netlink::route::{self, RouteError};
@@ -317,6 +317,30 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
             if let Err(e) = self.kernel.set_sysctl(key, value) {
                 tracing::warn!("could not set {} = {value}: {e}", key.replace('/', "."));
             }
+        }
+        self.set_timeouts(settings.timeouts);
+    }
+
+    /// The IPVS timeouts asked for (`--ipvs-tcp-timeout` …), set when the
+    /// kernel holds others, at start and on each full sync after, as the
+    /// sysctls are. As kube-proxy, a kernel that refuses them is said, and
+    /// the Services are served all the same.
+    fn set_timeouts(&mut self, want: IpvsTimeouts) {
+        if !want.any() {
+            return;
+        }
+        let held = self.kernel.timeouts().map(|have| want.held_by(&have));
+        if matches!(held, Ok(true)) {
+            return;
+        }
+        match self.kernel.set_timeouts(want) {
+            Ok(()) => tracing::info!(
+                "set IPVS timeouts (0: the kernel's kept): tcp {} s, tcpfin {} s, udp {} s",
+                want.tcp,
+                want.tcp_fin,
+                want.udp
+            ),
+            Err(e) => tracing::error!("could not set the IPVS timeouts: {e}"),
         }
     }
 }

@@ -312,3 +312,55 @@ fn the_fake_refuses_what_ip_vs_ctl_refuses() {
     ipvs.delete_address(i, vip(1)).unwrap();
     assert!(ipvs.delete_address(i, vip(1)).is_err());
 }
+
+/// `--ipvs-tcp-timeout` and the others: set when the kernel holds other
+/// values (those at 0 left as the kernel has them), not again while it
+/// holds them, and again after someone changed them; never with all at 0.
+#[test]
+fn the_ipvs_timeouts_asked_for_are_set_and_kept() {
+    use crate::core::node_config::IpvsTimeouts;
+    let ipvs = FakeIpvs::new();
+    let kernels = IpvsTimeouts {
+        tcp: 900,
+        tcp_fin: 120,
+        udp: 300,
+    };
+    ipvs.tamper_timeouts(kernels);
+    let mut p = proxy_over(&ipvs);
+    p.sync().unwrap();
+    assert_eq!(ipvs.timeouts(), (kernels, 0), "none asked, none set");
+
+    let want = IpvsTimeouts {
+        tcp: 3600,
+        tcp_fin: 0,
+        udp: 5,
+    };
+    let settings = IpvsSettings {
+        timeouts: want,
+        ..IpvsSettings::default()
+    };
+    let dataplane = IpvsDataplane::with_kernel(ipvs.clone());
+    let config = NodeConfig {
+        mode: ProxyMode::Ipvs(settings),
+        ..config()
+    };
+    let mut p = Proxy::new(Engine::new(config, vec![Box::new(dataplane)]));
+    p.sync().unwrap();
+    let set = IpvsTimeouts {
+        tcp: 3600,
+        tcp_fin: 120,
+        udp: 5,
+    };
+    assert_eq!(ipvs.timeouts(), (set, 1));
+    p.request_full_sync();
+    p.sync().unwrap();
+    assert_eq!(ipvs.timeouts(), (set, 1), "held: not set again");
+    ipvs.tamper_timeouts(kernels);
+    p.request_full_sync();
+    p.sync().unwrap();
+    assert_eq!(
+        ipvs.timeouts(),
+        (set, 2),
+        "changed behind its back: set again"
+    );
+}

@@ -13,6 +13,7 @@ use super::message::{
     finish_msg, parse_error, split_messages, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 use crate::core::net::Protocol;
+use crate::core::node_config::IpvsTimeouts;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -28,8 +29,14 @@ const IPVS_CMD_SET_DEST: u8 = 6;
 const IPVS_CMD_DEL_DEST: u8 = 7;
 const IPVS_CMD_GET_DEST: u8 = 8;
 
+const IPVS_CMD_SET_CONFIG: u8 = 12;
+const IPVS_CMD_GET_CONFIG: u8 = 13;
+
 const IPVS_CMD_ATTR_SERVICE: u16 = 1;
 const IPVS_CMD_ATTR_DEST: u16 = 2;
+const IPVS_CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+const IPVS_CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+const IPVS_CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
 const IPVS_SVC_ATTR_AF: u16 = 1;
 const IPVS_SVC_ATTR_PROTOCOL: u16 = 2;
@@ -362,6 +369,78 @@ impl IpvsSocket {
             Ok(())
         })?;
         Ok(())
+    }
+
+    /// The namespace's IPVS timeouts (`ipvsadm -L --timeout`).
+    pub fn timeouts(&mut self) -> Result<IpvsTimeouts, IpvsError> {
+        let mut t = IpvsTimeouts::default();
+        self.request(IpvsTimeouts::default(), IPVS_CMD_GET_CONFIG, |attrs| {
+            for a in Attrs::new(attrs) {
+                let (kind, p) = a?;
+                let v = || Payload::new("ipvs timeout", kind, p).u32_host();
+                match kind {
+                    IPVS_CMD_ATTR_TIMEOUT_TCP => t.tcp = v()?,
+                    IPVS_CMD_ATTR_TIMEOUT_TCP_FIN => t.tcp_fin = v()?,
+                    IPVS_CMD_ATTR_TIMEOUT_UDP => t.udp = v()?,
+                    _ => {}
+                }
+            }
+            Ok(())
+        })?;
+        Ok(t)
+    }
+
+    /// Sets the timeouts that are not 0, as `ipvsadm --set` does; the kernel
+    /// keeps its value for each one left out.
+    pub fn set_timeouts(&mut self, t: IpvsTimeouts) -> Result<(), IpvsError> {
+        self.request(t, IPVS_CMD_SET_CONFIG, |_| Ok(()))
+    }
+
+    /// One request that is not a dump, with the timeouts of `t` that are not 0
+    /// as its attributes; its answer's attributes go to `each`, and the kernel's
+    /// refusal is the error.
+    fn request(
+        &mut self,
+        t: IpvsTimeouts,
+        cmd: u8,
+        mut each: impl FnMut(&[u8]) -> Result<(), ParseError>,
+    ) -> Result<(), IpvsError> {
+        let seq = self.next_seq();
+        let mut req = Vec::new();
+        let at = put_genl_header(
+            &mut req,
+            self.genl.family,
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            cmd,
+            IPVS_GENL_VERSION,
+        );
+        let mut w = AttrWriter::over(req);
+        for (kind, secs) in [
+            (IPVS_CMD_ATTR_TIMEOUT_TCP, t.tcp),
+            (IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin),
+            (IPVS_CMD_ATTR_TIMEOUT_UDP, t.udp),
+        ] {
+            if secs != 0 {
+                w.put_u32_host(kind, secs);
+            }
+        }
+        let mut req = w.into_bytes();
+        finish_msg(&mut req, at);
+        super::message::exchange::<GenlError>(&self.genl.sock, &mut self.rx, &req, |msg| {
+            each(msg.payload.get(GENL_HDRLEN..).unwrap_or_default())?;
+            Ok(())
+        })
+        .map_err(|e| match e {
+            GenlError::Refused { .. } => IpvsError::Refused {
+                command: match cmd {
+                    IPVS_CMD_SET_CONFIG => format!("set the timeouts {t:?}"),
+                    _ => "read the timeouts".into(),
+                },
+                source: e,
+            },
+            other => IpvsError::Genl(other),
+        })
     }
 
     /// Every virtual service the kernel has (firewall-mark ones left out).

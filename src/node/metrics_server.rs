@@ -141,6 +141,9 @@ fn configz(s: &Settings) -> String {
                 "scheduler": ipvs.scheduler,
                 "strictARP": ipvs.strict_arp,
                 "excludeCIDRs": ipvs.exclude_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                "tcpTimeout": go_duration(std::time::Duration::from_secs(ipvs.timeouts.tcp.into())),
+                "tcpFinTimeout": go_duration(std::time::Duration::from_secs(ipvs.timeouts.tcp_fin.into())),
+                "udpTimeout": go_duration(std::time::Duration::from_secs(ipvs.timeouts.udp.into())),
             });
             for (k, v) in periods.as_object().unwrap() {
                 block[k] = v.clone();
