@@ -78,7 +78,10 @@ winkernel:
 fn resolve_text(text: &str, flags: Flags) -> Result<Settings, String> {
     let dir = std::env::temp_dir().join(format!("kn-config-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{:x}.yaml", text.len() ^ (text.as_ptr() as usize)));
+    // A file of each call's own: tests run side by side, often on one text.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{call}.yaml"));
     std::fs::write(&path, text).unwrap();
     let r = resolve(&Flags {
         config: Some(path.clone()),
