@@ -170,21 +170,31 @@ fn changes_go_out_service_by_service_and_a_restart_writes_nothing() {
         c.node(),
         &path,
         c.scratch.0.join("daemon.log"),
-        &ipvs_flags(&["--min-sync-period", "0s"]),
+        &ipvs_flags(&["--min-sync-period", "0s", "--sync-period", "2s"]),
     );
-    wait_until(Duration::from_secs(20), "the VIP answers", || {
-        answers(c.client(), "10.96.5.30:80")
+    // No connection before pod-c leaves, so that its real server is idle.
+    wait_until(Duration::from_secs(20), "web in IPVS", || {
+        ipvsadm(c.node())
+            .get("TCP 10.96.5.30:80 rr")
+            .is_some_and(|r| r.len() == 3)
     });
     let before = ipvsadm(c.node());
 
-    // pod-c leaves web: its two virtual services lose one real server each.
+    // pod-c leaves web: its two virtual services lose one real server each,
+    // the UDP one at once, the TCP one after draining at weight 0 until a
+    // full sync (every 2 s here) finds it idle.
     std::fs::write(&path, manifests(&ALL[..2])).unwrap();
     wait_until(Duration::from_secs(10), "pod-c leaves IPVS", || {
-        ipvsadm(c.node())["TCP 10.96.5.30:80 rr"].len() == 2
+        ipvsadm(c.node())["UDP 10.96.5.30:53 rr"].len() == 2
     });
     wait_until(Duration::from_secs(5), "the partial sync is logged", || {
         daemon.syncs("Partial") >= 1
     });
+    wait_until(
+        Duration::from_secs(10),
+        "pod-c's idle TCP real server to go",
+        || ipvsadm(c.node())["TCP 10.96.5.30:80 rr"].len() == 2,
+    );
     let log = daemon.log_text();
     let partial = log.lines().find(|l| l.contains("kind=Partial")).unwrap();
     assert!(
@@ -269,6 +279,85 @@ fn session_affinity_is_ipvs_persistence_with_its_timeout() {
     let t = tally(c.client(), "10.96.5.33:80", 20, false);
     assert!(t.errors.is_empty(), "{:?}", t.errors);
     assert_eq!(t.answers.len(), 1, "{:?}", t.answers);
+}
+
+/// Graceful termination, as kube-proxy's: a removed endpoint's real server
+/// stays at weight 0, its established connections still answering while new
+/// ones go elsewhere, and goes once IPVS counts no connection on it.
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn a_removed_endpoints_connections_live_on_and_its_real_server_goes_once_idle() {
+    let c = Cluster::new("ipvsgt", &PODS, &[9376]);
+    let manifests = |eps: &[&str]| node_object("zone-a") + &web(eps);
+    let path = c.scratch.write("m.yaml", &manifests(&ALL));
+    let _daemon = Daemon::start(
+        c.node(),
+        &path,
+        c.scratch.0.join("daemon.log"),
+        &ipvs_flags(&["--min-sync-period", "0s", "--sync-period", "3s"]),
+    );
+    // No other connection first: one that ended would stay counted on its
+    // real server for TIME_WAIT's 2 minutes.
+    let reals = || {
+        ipvsadm(c.node())
+            .get("TCP 10.96.5.30:80 rr")
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until(Duration::from_secs(20), "web in IPVS", || {
+        reals().len() == 3
+    });
+    // Six connections, two to each pod (rr), established and idle.
+    let held = kube_nft::testbed::netns::in_netns(c.client(), || {
+        (0..6)
+            .map(|_| std::net::TcpStream::connect("10.96.5.30:80".parse::<SocketAddr>().unwrap()))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .unwrap()
+    .unwrap();
+
+    // pod-c leaves: weight 0, and new connections go to the others.
+    std::fs::write(&path, manifests(&ALL[..2])).unwrap();
+    let draining = "10.244.1.12:9376 Masq 0".to_string();
+    wait_until(
+        Duration::from_secs(10),
+        "pod-c to drain at weight 0",
+        || reals().contains(&draining),
+    );
+    assert_only(
+        &tally(c.client(), "10.96.5.30:80", 20, false),
+        &["pod-a", "pod-b"],
+    );
+    // Full syncs (every 3 s) count its connections, and keep it.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(reals().contains(&draining), "{:?}", reals());
+
+    // Every held connection answers, pod-c's included; each then ends with a
+    // reset, which IPVS keeps 10 s (its CLOSE state) rather than TIME_WAIT's 2 min.
+    let mut answered = Vec::new();
+    for mut conn in held {
+        conn.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answered.push(answer.lines().last().unwrap_or_default().to_string());
+        rustix::net::sockopt::set_socket_linger(&conn, Some(Duration::ZERO)).unwrap();
+    }
+    let from_c = answered.iter().filter(|a| a.contains("pod-c")).count();
+    assert_eq!(from_c, 2, "{answered:?}");
+    assert!(answered.iter().all(|a| a.contains("pod-")), "{answered:?}");
+
+    let gone = Duration::from_secs(60);
+    let started = std::time::Instant::now();
+    while reals().contains(&draining) {
+        assert!(
+            started.elapsed() < gone,
+            "pod-c's real server did not go once idle: {:?}\n{}",
+            reals(),
+            exec_in(c.node(), &["ipvsadm", "-Lnc"])
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(reals().len(), 2, "{:?}", reals());
 }
 
 /// `ipvsadm -L --timeout`'s three numbers: tcp, tcpfin, udp.

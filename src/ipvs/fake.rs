@@ -11,7 +11,7 @@
 //! stays applied. Clones share one kernel, as `nft::fake::FakeKernel`'s do.
 
 use crate::core::node_config::IpvsTimeouts;
-use crate::ipvs::kernel::IpvsKernel;
+use crate::ipvs::kernel::{Connections, IpvsKernel};
 use crate::netlink::genl::GenlError;
 use crate::netlink::ipvs::{
     encoded_len, Command, IpvsError, RealServer, VirtualKey, VirtualService,
@@ -47,6 +47,8 @@ struct State {
     addresses: BTreeSet<IpAddr>,
     sysctls: BTreeMap<String, String>,
     timeouts: IpvsTimeouts,
+    /// Connections on real servers, as a test sets them.
+    connections: BTreeMap<(VirtualKey, IpAddr, u16), u32>,
     /// How many times the timeouts were set.
     timeouts_set: usize,
     commands: usize,
@@ -82,6 +84,11 @@ impl FakeIpvs {
 
     pub fn sysctl(&self, key: &str) -> Option<String> {
         self.0.borrow().sysctls.get(key).cloned()
+    }
+
+    /// Says that a real server holds `n` connections (until said otherwise).
+    pub fn set_connections(&self, key: VirtualKey, addr: IpAddr, port: u16, n: u32) {
+        self.0.borrow_mut().connections.insert((key, addr, port), n);
     }
 
     /// The IPVS timeouts, and how many times they were set.
@@ -185,6 +192,19 @@ impl IpvsKernel for FakeIpvs {
         let state = self.0.borrow();
         let reals = state.services.get(key).map(|(_, reals)| reals.values());
         Ok(reals.into_iter().flatten().cloned().collect())
+    }
+
+    fn connections(&mut self, key: &VirtualKey) -> Result<Connections, IpvsError> {
+        let state = self.0.borrow();
+        let reals = state.services.get(key).map(|(_, reals)| reals.keys());
+        Ok(reals
+            .into_iter()
+            .flatten()
+            .map(|&(addr, port)| {
+                let n = state.connections.get(&(*key, addr, port));
+                ((addr, port), n.copied().unwrap_or(0))
+            })
+            .collect())
     }
 
     fn apply(&mut self, commands: &[Command]) -> Result<usize, IpvsError> {

@@ -14,11 +14,18 @@ use std::net::IpAddr;
 /// IP, so that the kernel delivers their traffic locally, where IPVS takes it.
 pub const INTERFACE: &str = "kube-ipvs0";
 
+/// Connections held on each real server of a virtual service, by its address
+/// and port.
+pub type Connections = std::collections::HashMap<(IpAddr, u16), u32>;
+
 pub trait IpvsKernel {
     /// Every virtual service (firewall-mark ones left out).
     fn services(&mut self) -> Result<Vec<VirtualService>, IpvsError>;
     /// The real servers of one virtual service, sorted.
     fn reals(&mut self, key: &VirtualKey) -> Result<Vec<RealServer>, IpvsError>;
+    /// The connections IPVS holds on each real server of one virtual service,
+    /// by address and port.
+    fn connections(&mut self, key: &VirtualKey) -> Result<Connections, IpvsError>;
     /// Applies the commands in order and returns the bytes sent. IPVS has no
     /// transactions: after an error, some commands may have been applied.
     fn apply(&mut self, commands: &[Command]) -> Result<usize, IpvsError>;
@@ -43,6 +50,14 @@ impl IpvsKernel for IpvsSocket {
 
     fn reals(&mut self, key: &VirtualKey) -> Result<Vec<RealServer>, IpvsError> {
         IpvsSocket::reals(self, key)
+    }
+
+    fn connections(&mut self, key: &VirtualKey) -> Result<Connections, IpvsError> {
+        let dests = IpvsSocket::dests(self, key)?;
+        Ok(dests
+            .into_iter()
+            .map(|(r, n)| ((r.addr, r.port), n))
+            .collect())
     }
 
     fn apply(&mut self, commands: &[Command]) -> Result<usize, IpvsError> {

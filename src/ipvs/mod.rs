@@ -10,6 +10,7 @@
 //! IPVS has no transactions and no owner marks. Ours are the virtual services on
 //! addresses of `kube-ipvs0` or on NodePort addresses, outside `--ipvs-exclude-cidrs`.
 
+mod draining;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod kernel;
@@ -26,6 +27,7 @@ use crate::netlink::route::{self, RouteError};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use draining::Draining;
 pub use kernel::{IpvsKernel, INTERFACE};
 use servers::{diff, service_addresses, virtual_servers, VirtualServer};
 
@@ -49,6 +51,8 @@ pub struct IpvsReport {
     pub bytes: usize,
     /// Addresses added to or removed from `kube-ipvs0`.
     pub addresses: usize,
+    /// Real servers kept at weight 0 until their connections end.
+    pub draining: usize,
 }
 
 /// What was programmed for one Service.
@@ -98,6 +102,7 @@ pub struct IpvsDataplane<K = IpvsSocket> {
     programmed: HashMap<ServiceKey, Programmed>,
     /// How many Services use each address of `kube-ipvs0`.
     address_refs: HashMap<IpAddr, usize>,
+    draining: Draining,
 }
 
 impl IpvsDataplane<IpvsSocket> {
@@ -115,6 +120,7 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
             kernel,
             programmed: HashMap::new(),
             address_refs: HashMap::new(),
+            draining: Draining::default(),
         }
     }
 
@@ -182,9 +188,17 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         let mut report = IpvsReport::default();
         report.addresses +=
             self.set_addresses(c.interface, wanted_addresses.difference(&c.bound), true)?;
-        let commands = diff(&have, &want);
+        // The draining list is rebuilt from the kernel's weights and counts.
+        self.draining.clear();
+        let kernel = &mut self.kernel;
+        let commands = self
+            .draining
+            .rewrite(diff(&have, &want), &have, &mut |key| {
+                kernel.connections(key).ok()
+            });
         report.commands = commands.len();
         report.bytes = self.kernel.apply(&commands)?;
+        report.draining = self.draining.count();
         report.addresses +=
             self.set_addresses(c.interface, c.bound.difference(&wanted_addresses), false)?;
         self.programmed = c.programmed;
@@ -201,7 +215,14 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         let c = self.read_and_want(state, config, &config.ipvs_settings())?;
         let have = c.have.iter().map(|(k, v)| (*k, v)).collect();
         let wanted_addresses: BTreeSet<IpAddr> = c.address_refs.keys().copied().collect();
-        Ok(diff(&have, &by_key(c.programmed.values())).is_empty() && wanted_addresses == c.bound)
+        // Real servers draining (at weight 0, no longer wanted) are as they
+        // should be until a full sync finds them idle.
+        let commands = Draining::default().rewrite(
+            diff(&have, &by_key(c.programmed.values())),
+            &have,
+            &mut |_| None,
+        );
+        Ok(commands.is_empty() && wanted_addresses == c.bound)
     }
 
     /// Recomputes only the Services `keys` and sends only what changed for them.
@@ -259,9 +280,14 @@ impl<K: IpvsKernel> IpvsDataplane<K> {
         }
         let have = by_key(keys.iter().filter_map(|k| self.programmed.get(k)));
         let want = by_key(updates.iter().filter_map(|(_, new)| new.as_ref()));
-        let commands = diff(&have, &want);
+        // Connections are not counted here: a real server that leaves drains
+        // until a full sync finds it idle.
+        let commands = self
+            .draining
+            .rewrite(diff(&have, &want), &have, &mut |_| None);
         report.commands = commands.len();
         report.bytes = self.kernel.apply(&commands)?;
+        report.draining = self.draining.count();
         if let Some(i) = interface {
             report.addresses += self.set_addresses(i, to_unbind.iter(), false)?;
         }
@@ -385,6 +411,7 @@ fn written(r: IpvsReport) -> Written {
             ("commands", r.commands),
             ("bytes", r.bytes),
             ("addresses", r.addresses),
+            ("draining", r.draining),
         ],
     }
 }

@@ -115,6 +115,7 @@ fn partial_syncs_send_only_what_changed() {
     type Step = (&'static str, Box<dyn Fn(&mut Proxy)>, usize);
     let steps: Vec<Step> = vec![
         ("add an endpoint", Box::new(|p| set(p, 3, &[0, 1, 2, 9])), 1),
+        // A real server that goes drains at weight 0 (`draining`).
         ("remove one", Box::new(|p| set(p, 4, &[0, 2])), 1),
         ("replace one", Box::new(|p| set(p, 2, &[0, 7, 2])), 2),
         // No endpoints: the virtual service goes, its address stays bound.
@@ -155,6 +156,12 @@ fn partial_syncs_send_only_what_changed() {
         assert_eq!(commands(&r), sent, "{what}");
         assert!(p.verify().unwrap(), "{what}: the kernel differs");
     }
+    // The full sync finds the draining real servers idle, and removes them.
+    assert_eq!(ipvs.table()[&key(4)].1.len(), 3, "0, 2, and 1 draining");
+    p.request_full_sync();
+    let r = p.sync().unwrap();
+    assert_eq!(commands(&r), 2, "4's and 2's");
+    assert_eq!(ipvs.table()[&key(4)].1, reals(4, &[0, 2]));
     let table = ipvs.table();
     assert_eq!(table[&key(3)].1, reals(3, &[0, 1, 2, 9]));
     assert_eq!(table[&key(1)].1, reals(1, &[5]));
@@ -363,4 +370,61 @@ fn the_ipvs_timeouts_asked_for_are_set_and_kept() {
         (set, 2),
         "changed behind its back: set again"
     );
+}
+
+/// Graceful termination (`draining`): a real server that leaves a TCP
+/// virtual service goes to weight 0 and stays while IPVS counts connections
+/// on it, across full syncs and a restart; it goes once idle, and one that
+/// comes back while draining gets its weight again.
+#[test]
+fn a_removed_tcp_real_server_drains_until_its_connections_end() {
+    let ipvs = FakeIpvs::new();
+    let p = &mut proxy_over(&ipvs);
+    add_service(p, 0, 3);
+    p.sync().unwrap();
+    let weights = |ipvs: &FakeIpvs| -> Vec<(IpAddr, u32)> {
+        ipvs.table()[&key(0)]
+            .1
+            .iter()
+            .map(|r| (r.addr, r.weight))
+            .collect()
+    };
+    ipvs.set_connections(key(0), endpoint(0, 1), 8080, 3);
+
+    set(p, 0, &[0, 2]);
+    let r = p.sync().unwrap();
+    assert_eq!(commands(&r), 1, "weight 0, not deleted");
+    let draining = vec![
+        (endpoint(0, 0), 1),
+        (endpoint(0, 1), 0),
+        (endpoint(0, 2), 1),
+    ];
+    assert_eq!(weights(&ipvs), draining);
+    assert!(p.verify().unwrap(), "draining is as it should be");
+
+    p.request_full_sync();
+    let r = p.sync().unwrap();
+    assert_eq!(commands(&r), 0, "3 connections: kept");
+    assert_eq!(weights(&ipvs), draining);
+
+    // A restart finds it at weight 0 with connections, and keeps it.
+    let mut restarted = proxy_over(&ipvs);
+    restarted.replace_state(p.state().clone());
+    let r = restarted.sync().unwrap();
+    assert_eq!(commands(&r), 0);
+    assert_eq!(weights(&ipvs), draining);
+
+    ipvs.set_connections(key(0), endpoint(0, 1), 8080, 0);
+    restarted.request_full_sync();
+    let r = restarted.sync().unwrap();
+    assert_eq!(commands(&r), 1, "idle: deleted");
+    assert_eq!(ipvs.table()[&key(0)].1, reals(0, &[0, 2]));
+
+    // Back while draining: its weight again, not a second add.
+    set(&mut restarted, 0, &[0]);
+    assert_eq!(commands(&restarted.sync().unwrap()), 1);
+    set(&mut restarted, 0, &[0, 2]);
+    assert_eq!(commands(&restarted.sync().unwrap()), 1);
+    assert_eq!(ipvs.table()[&key(0)].1, reals(0, &[0, 2]));
+    assert!(restarted.verify().unwrap());
 }

@@ -54,6 +54,8 @@ const IPVS_DEST_ATTR_FWD_METHOD: u16 = 3;
 const IPVS_DEST_ATTR_WEIGHT: u16 = 4;
 const IPVS_DEST_ATTR_U_THRESH: u16 = 5;
 const IPVS_DEST_ATTR_L_THRESH: u16 = 6;
+const IPVS_DEST_ATTR_ACTIVE_CONNS: u16 = 7;
+const IPVS_DEST_ATTR_INACT_CONNS: u16 = 8;
 const IPVS_DEST_ATTR_ADDR_FAMILY: u16 = 11;
 
 /// `IP_VS_SVC_F_PERSISTENT`: one client keeps its real server for `timeout` seconds.
@@ -296,8 +298,15 @@ pub fn decode_service(nest: &[u8]) -> Result<Option<VirtualService>, ParseError>
 
 /// One real server from its attribute nest (`IPVS_CMD_ATTR_DEST`).
 pub fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
+    Ok(decode_dest(nest)?.map(|(real, _)| real))
+}
+
+/// One real server and the connections IPVS holds on it, active
+/// (established TCP) and inactive (any other state) together.
+fn decode_dest(nest: &[u8]) -> Result<Option<(RealServer, u32)>, ParseError> {
     const CTX: &str = "IPVS real server";
     let (mut addr, mut port, mut weight, mut family) = (None, 0, 0, 0);
+    let mut connections = 0u32;
     for a in Attrs::new(nest) {
         let (kind, p) = a?;
         let v = Payload::new(CTX, kind, p);
@@ -306,6 +315,9 @@ pub fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
             IPVS_DEST_ATTR_PORT => port = v.u16()?,
             IPVS_DEST_ATTR_WEIGHT => weight = v.u32_host()?,
             IPVS_DEST_ATTR_ADDR_FAMILY => family = v.u16_host()?,
+            IPVS_DEST_ATTR_ACTIVE_CONNS | IPVS_DEST_ATTR_INACT_CONNS => {
+                connections = connections.saturating_add(v.u32_host()?)
+            }
             _ => {}
         }
     }
@@ -314,7 +326,7 @@ pub fn decode_real(nest: &[u8]) -> Result<Option<RealServer>, ParseError> {
         (AF_INET6, Some(a)) => ip_from_bytes(a),
         _ => None,
     };
-    Ok(addr.map(|addr| RealServer { addr, port, weight }))
+    Ok(addr.map(|addr| (RealServer { addr, port, weight }, connections)))
 }
 
 /// Commands per datagram: each is under 200 bytes, and so are the acks together.
@@ -341,34 +353,48 @@ impl IpvsSocket {
         self.seq
     }
 
-    /// Sends a dump request and hands each answer's attributes to `each`.
-    fn dump(
+    /// Sends one request of `cmd` with the attributes `body` writes, and hands
+    /// each answer's attributes to `each` until the dump ends or the ack comes.
+    fn send(
         &mut self,
         cmd: u8,
-        key: Option<&VirtualKey>,
+        flags: u16,
+        body: impl FnOnce(&mut AttrWriter),
         mut each: impl FnMut(&[u8]) -> Result<(), ParseError>,
-    ) -> Result<(), IpvsError> {
+    ) -> Result<(), GenlError> {
         let seq = self.next_seq();
         let mut req = Vec::new();
         let at = put_genl_header(
             &mut req,
             self.genl.family,
-            NLM_F_REQUEST | NLM_F_DUMP,
+            NLM_F_REQUEST | flags,
             seq,
             cmd,
             IPVS_GENL_VERSION,
         );
         let mut w = AttrWriter::over(req);
-        if let Some(k) = key {
-            w.nest(IPVS_CMD_ATTR_SERVICE, |w| put_key(w, k));
-        }
+        body(&mut w);
         let mut req = w.into_bytes();
         finish_msg(&mut req, at);
         super::message::exchange::<GenlError>(&self.genl.sock, &mut self.rx, &req, |msg| {
             each(msg.payload.get(GENL_HDRLEN..).unwrap_or_default())?;
             Ok(())
-        })?;
-        Ok(())
+        })
+    }
+
+    /// Sends a dump request and hands each answer's attributes to `each`.
+    fn dump(
+        &mut self,
+        cmd: u8,
+        key: Option<&VirtualKey>,
+        each: impl FnMut(&[u8]) -> Result<(), ParseError>,
+    ) -> Result<(), IpvsError> {
+        let body = |w: &mut AttrWriter| {
+            if let Some(k) = key {
+                w.nest(IPVS_CMD_ATTR_SERVICE, |w| put_key(w, k));
+            }
+        };
+        Ok(self.send(cmd, NLM_F_DUMP, body, each)?)
     }
 
     /// The namespace's IPVS timeouts (`ipvsadm -L --timeout`).
@@ -403,35 +429,20 @@ impl IpvsSocket {
         &mut self,
         t: IpvsTimeouts,
         cmd: u8,
-        mut each: impl FnMut(&[u8]) -> Result<(), ParseError>,
+        each: impl FnMut(&[u8]) -> Result<(), ParseError>,
     ) -> Result<(), IpvsError> {
-        let seq = self.next_seq();
-        let mut req = Vec::new();
-        let at = put_genl_header(
-            &mut req,
-            self.genl.family,
-            NLM_F_REQUEST | NLM_F_ACK,
-            seq,
-            cmd,
-            IPVS_GENL_VERSION,
-        );
-        let mut w = AttrWriter::over(req);
-        for (kind, secs) in [
-            (IPVS_CMD_ATTR_TIMEOUT_TCP, t.tcp),
-            (IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin),
-            (IPVS_CMD_ATTR_TIMEOUT_UDP, t.udp),
-        ] {
-            if secs != 0 {
-                w.put_u32_host(kind, secs);
+        let body = |w: &mut AttrWriter| {
+            for (kind, secs) in [
+                (IPVS_CMD_ATTR_TIMEOUT_TCP, t.tcp),
+                (IPVS_CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin),
+                (IPVS_CMD_ATTR_TIMEOUT_UDP, t.udp),
+            ] {
+                if secs != 0 {
+                    w.put_u32_host(kind, secs);
+                }
             }
-        }
-        let mut req = w.into_bytes();
-        finish_msg(&mut req, at);
-        super::message::exchange::<GenlError>(&self.genl.sock, &mut self.rx, &req, |msg| {
-            each(msg.payload.get(GENL_HDRLEN..).unwrap_or_default())?;
-            Ok(())
-        })
-        .map_err(|e| match e {
+        };
+        self.send(cmd, NLM_F_ACK, body, each).map_err(|e| match e {
             GenlError::Refused { .. } => IpvsError::Refused {
                 command: match cmd {
                     IPVS_CMD_SET_CONFIG => format!("set the timeouts {t:?}"),
@@ -460,17 +471,24 @@ impl IpvsSocket {
 
     /// The real servers of one virtual service.
     pub fn reals(&mut self, key: &VirtualKey) -> Result<Vec<RealServer>, IpvsError> {
+        let mut out: Vec<RealServer> = self.dests(key)?.into_iter().map(|(r, _)| r).collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// The real servers of one virtual service, each with the connections
+    /// IPVS holds on it (`ipvsadm -Ln`'s ActiveConn plus InActConn).
+    pub fn dests(&mut self, key: &VirtualKey) -> Result<Vec<(RealServer, u32)>, IpvsError> {
         let mut out = Vec::new();
         self.dump(IPVS_CMD_GET_DEST, Some(key), |attrs| {
             for a in Attrs::new(attrs) {
                 let (kind, p) = a?;
                 if kind == IPVS_CMD_ATTR_DEST {
-                    out.extend(decode_real(p)?);
+                    out.extend(decode_dest(p)?);
                 }
             }
             Ok(())
         })?;
-        out.sort();
         Ok(out)
     }
 
