@@ -86,6 +86,70 @@ fn drift_is_repaired_from_nftables_notifications() {
     );
 }
 
+/// `nft flush ruleset` (what an old firewall does on reload, or an operator)
+/// while a client opens a new connection through the ClusterIP every 20 ms,
+/// three flushes 2 s apart. The repair comes from the notification, within a
+/// second (30-45 ms here). Only a connection whose first SYN meets the empty
+/// ruleset fails, one a flush or two at most: conntrack keeps it without
+/// DNAT, and its retransmission 1 s later, after the repair, meets the rule
+/// that rejects unknown ports of a ClusterIP (refused). Every other request is
+/// answered.
+#[test]
+fn a_flushed_ruleset_under_load_fails_only_connections_of_its_repair_window() {
+    let (c, _, d) = serve_web_on_notifications_only("flushload");
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = {
+        let (ns, stop) = (c.client().to_string(), stop.clone());
+        std::thread::spawn(move || {
+            kube_nft::testbed::netns::in_netns(&ns, move || {
+                let target: SocketAddr = WEB_VIP.parse().unwrap();
+                let (mut times, mut failed) = (Vec::new(), Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    let started = std::time::Instant::now();
+                    match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(5)) {
+                        Ok(_) => times.push(started.elapsed()),
+                        Err(e) => failed.push(format!("{e} after {:?}", started.elapsed())),
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                (times, failed)
+            })
+            .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let mut repairs = Vec::new();
+    for _ in 0..3 {
+        nft_in(c.node(), "flush ruleset");
+        repairs.push(wait_until(Duration::from_secs(5), "the repair", || {
+            nft_list(c.node()).contains("10.96.0.10 . tcp . 80 . 2 : 10.244.0.13 . 9376")
+        }));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (times, failed) = client.join().unwrap();
+    let longest = times.iter().max().copied().unwrap_or_default();
+    println!(
+        "3 flushes: repaired after {repairs:?}; {} requests, {} failed ({failed:?}), longest answered {longest:?}",
+        times.len() + failed.len(),
+        failed.len()
+    );
+    assert!(
+        failed.len() <= 2 * repairs.len() && failed.iter().all(|e| e.contains("refused")),
+        "{failed:?}\n{}",
+        d.log_text()
+    );
+    assert!(
+        repairs.iter().all(|r| *r < Duration::from_secs(1)),
+        "{repairs:?}"
+    );
+    assert!(
+        longest < Duration::from_secs(3),
+        "a request took {longest:?}"
+    );
+    assert!(times.len() > 100, "{} requests", times.len());
+}
+
 /// The notification socket overflowing (ENOBUFS). While the daemon is stopped
 /// (SIGSTOP), another process floods nf_tables with changes to a table of its
 /// own until the kernel drops notifications for the daemon's socket, then
