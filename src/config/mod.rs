@@ -297,11 +297,19 @@ pub fn go_duration(d: Duration) -> String {
 /// or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration (like 30s, 500ms, 1m30s)");
+    // Go's durations are int64 nanoseconds: about 292 years at most.
+    let in_range = |secs: f64| {
+        if secs.is_nan() || secs < 0.0 {
+            return Err(bad());
+        }
+        Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| d.as_nanos() <= i64::MAX as u128)
+            .ok_or_else(|| format!("{s:?} is too long for a duration (2562047h47m16s at most)"))
+    };
     let text = s.trim();
     if let Ok(secs) = text.parse::<f64>() {
-        return (secs >= 0.0)
-            .then(|| Duration::from_secs_f64(secs))
-            .ok_or_else(bad);
+        return in_range(secs);
     }
     let mut rest = text;
     let mut total = 0.0;
@@ -333,7 +341,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         total += n * scale;
         rest = &rest[unit_len..];
     }
-    Ok(Duration::from_secs_f64(total))
+    in_range(total)
 }
 
 /// `nodePortAddresses` / `--nodeport-addresses` (comma-separated): `primary`, or

@@ -758,4 +758,15 @@ fn go_durations_parse() {
     assert!(parse_duration("5 parsecs").is_err());
     assert!(parse_duration("").is_err());
     assert!(parse_duration("-1").is_err());
+    // Refused, not a panic (found by the config_file fuzz target).
+    for long in [
+        "34444444444444444444444440s",
+        "inf",
+        "1e300",
+        "2562048h",
+        "NaN",
+    ] {
+        assert!(parse_duration(long).is_err(), "{long}");
+    }
+    assert!(parse_duration("2562047h").is_ok());
 }
