@@ -465,9 +465,9 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
 /// while the leftovers go in one transaction. The kubelet's chain, another
 /// program's chain and its jump, and kube-nft's tables stay. A second run
 /// finds nothing to remove.
-#[test]
-fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_serves() {
-    let c = Cluster::new("kpclean", &WEB_PODS[..1], &[9376]);
+/// `web` on one pod, served by a kube-nft daemon in nftables mode.
+fn web_served(name: &str) -> (Cluster, Daemon) {
+    let c = Cluster::new(name, &WEB_PODS[..1], &[9376]);
     let manifests = c.scratch.write("web.yaml", &web(&["10.244.0.11"]));
     let d = Daemon::start(
         c.node(),
@@ -478,6 +478,12 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
     wait_until(Duration::from_secs(10), "the VIP to answer", || {
         answers(c.client(), "10.96.0.10:80")
     });
+    (c, d)
+}
+
+#[test]
+fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_serves() {
+    let (c, d) = web_served("kpclean");
     let leftovers = c.scratch.write(
         "kube-proxy.nft",
         "table ip kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\ntable ip6 kube-proxy {\n chain nat-prerouting {\n  type nat hook prerouting priority dstnat; policy accept;\n }\n}\n",
@@ -556,18 +562,7 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
     let before = exec_in(c.node(), &["iptables-nft-save"]);
     assert!(before.contains("-A KUBE-SEP-WEB"), "{before}");
 
-    // Requests all along, from before the cleanup to after it.
-    let stop = Arc::new(AtomicBool::new(false));
-    let asking = keep_connecting(c.client(), "10.96.0.10:80", stop.clone());
-    std::thread::sleep(Duration::from_millis(300));
-    let out = kube_nft_in(c.node(), &["cleanup", "--kube-proxy"]);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = asking.join().unwrap();
-    assert!(failed.is_empty(), "failed while cleaning up: {failed:?}");
-    assert!(answered >= 10, "{answered} answered");
+    let log = cleanup_kube_proxy_while_connecting(c.node(), c.client(), "10.96.0.10:80");
     for line in [
         "removed kube-proxy's table ip kube-proxy, 7 iptables chains (ip nat, ip filter, ip mangle), 4 rules jumping to them",
         "removed kube-proxy's table ip6 kube-proxy, 1 iptables chains (ip6 nat), 1 rules jumping to them",
@@ -597,6 +592,79 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
         "{log}"
     );
     drop(d);
+}
+
+#[test]
+fn cleanup_kube_proxy_removes_its_ipvs_mode_s_ipsets_after_the_rules_that_use_them() {
+    let (c, _d) = web_served("kpipset");
+    kube_proxy_ipvs::write(c.node(), &c.scratch, "10.96.0.10", 80, "10.244.0.11", 9376);
+    // Someone else's set, used by their rule; and one of kube-proxy's names
+    // held by an iptables-legacy rule, which only `kube-proxy --cleanup` sees.
+    exec_in(c.node(), &["ipset", "create", "ALLOWED", "hash:net"]);
+    exec_in(
+        c.node(),
+        &[
+            "iptables-nft",
+            "-A",
+            "INPUT",
+            "-m",
+            "set",
+            "--match-set",
+            "ALLOWED",
+            "src",
+            "-j",
+            "ACCEPT",
+        ],
+    );
+    exec_in(
+        c.node(),
+        &["ipset", "create", "KUBE-EXTERNAL-IP-LOCAL", "hash:ip,port"],
+    );
+    exec_in(
+        c.node(),
+        &[
+            "iptables-legacy",
+            "-A",
+            "INPUT",
+            "-m",
+            "set",
+            "--match-set",
+            "KUBE-EXTERNAL-IP-LOCAL",
+            "dst,dst",
+            "-j",
+            "RETURN",
+        ],
+    );
+
+    let log = cleanup_kube_proxy_while_connecting(c.node(), c.client(), "10.96.0.10:80");
+
+    let chains = format!(
+        "removed kube-proxy's {} iptables chains (ip nat, ip filter), {} rules jumping to them",
+        kube_proxy_ipvs::CHAINS,
+        kube_proxy_ipvs::JUMPS
+    );
+    // In ipset_names' order: IPv4's, then the IPv6 twins.
+    let sets = "removed 8 ipsets: KUBE-LOOP-BACK, KUBE-CLUSTER-IP, KUBE-EXTERNAL-IP, KUBE-LOAD-BALANCER, KUBE-NODE-PORT-TCP, KUBE-HEALTH-CHECK-NODE-PORT, KUBE-IPVS-IPS, KUBE-6-CLUSTER-IP";
+    for line in [
+        chains.as_str(),
+        sets,
+        "ipsets still in use by rules kube-nft cannot see or did not write (KUBE-EXTERNAL-IP-LOCAL)",
+    ] {
+        assert!(log.contains(line), "{line:?} not in:\n{log}");
+    }
+    assert_eq!(
+        kube_proxy_ipvs::ipset_names(c.node()),
+        ["ALLOWED", "KUBE-EXTERNAL-IP-LOCAL"]
+    );
+    let after = exec_in(c.node(), &["iptables-nft-save"]);
+    let kept: Vec<&str> = after.lines().filter(|l| l.contains("-m set")).collect();
+    assert_eq!(
+        kept,
+        ["-A INPUT -m set --match-set ALLOWED src -j ACCEPT"],
+        "{after}"
+    );
+    assert!(!after.contains("KUBE-"), "{after}");
+    assert!(answers(c.client(), "10.96.0.10:80"));
 }
 
 /// While kube-proxy still runs on a node (a move to kube-nft), it holds the

@@ -16,6 +16,8 @@ command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 # grep reads the whole list: with -q it would stop early, and busybox would die of SIGPIPE under pipefail.
 [ -x /bin/busybox ] && /bin/busybox --list | grep -x depmod >/dev/null || missing+=(busybox-static)
 command -v ipvsadm >/dev/null || missing+=(ipvsadm)
+# kube-proxy's IPVS-mode ipsets, written for `cleanup --kube-proxy` to remove (here and in the guest).
+command -v ipset >/dev/null || missing+=(ipset)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v xz >/dev/null || missing+=(xz-utils)  # the 5.10 guest's kernel, found in the archive's index
 command -v python3 >/dev/null || missing+=(python3)

@@ -597,3 +597,113 @@ fn the_lab_runs_on_the_ipvs_backend() {
     assert!(text.contains("TCP  10.0.1.175:80 rr"), "{text}");
     assert!(!text.contains(" dnat "), "{text}");
 }
+
+/// kube-proxy's IPVS mode serving `web`'s HTTP port, as it leaves a node when it
+/// stops: the virtual service and its real servers, the VIP on `kube-ipvs0`,
+/// and its ipsets with the iptables-nft rules that match on them.
+fn kube_proxy_s_ipvs_mode(c: &Cluster) {
+    let node = c.node();
+    exec_in(node, &["ip", "link", "add", "kube-ipvs0", "type", "dummy"]);
+    exec_in(
+        node,
+        &["ip", "addr", "add", "10.96.5.30/32", "dev", "kube-ipvs0"],
+    );
+    exec_in(
+        node,
+        &["sh", "-c", "echo 1 >/proc/sys/net/ipv4/vs/conntrack"],
+    );
+    exec_in(node, &["ipvsadm", "-A", "-t", "10.96.5.30:80", "-s", "rr"]);
+    for pod in ALL {
+        let real = format!("{pod}:9376");
+        exec_in(
+            node,
+            &[
+                "ipvsadm",
+                "-a",
+                "-t",
+                "10.96.5.30:80",
+                "-r",
+                &real,
+                "-m",
+                "-w",
+                "1",
+            ],
+        );
+    }
+    kube_proxy_ipvs::write(node, &c.scratch, "10.96.5.30", 80, ALL[0], 9376);
+    assert_only(
+        &tally(c.client(), "10.96.5.30:80", 15, false),
+        &["pod-a", "pod-b", "pod-c"],
+    );
+}
+
+/// kube-proxy's IPVS mode left as it stops, kube-nft started beside it with
+/// `flags` until `serving`, then `kube-nft cleanup --kube-proxy` while a client
+/// keeps connecting through web's ClusterIP: the cleanup's log, once every
+/// connection answered and nothing of kube-proxy's iptables rules and ipsets
+/// remains.
+fn moved_from_kube_proxy_s_ipvs_mode(
+    name: &str,
+    flags: &[&str],
+    serving: impl Fn(&Cluster) -> bool,
+) -> (Cluster, Daemon, String) {
+    let c = Cluster::new(name, &PODS, &[9376]);
+    kube_proxy_s_ipvs_mode(&c);
+    let path = c
+        .scratch
+        .write("m.yaml", &(node_object("zone-a") + &web(&ALL)));
+    let daemon = Daemon::start(c.node(), &path, c.scratch.0.join("daemon.log"), flags);
+    wait_until(Duration::from_secs(20), "kube-nft to serve web", || {
+        serving(&c)
+    });
+    let log = cleanup_kube_proxy_while_connecting(c.node(), c.client(), "10.96.5.30:80");
+    for line in [
+        "removed 8 ipsets: KUBE-LOOP-BACK, KUBE-CLUSTER-IP, KUBE-EXTERNAL-IP, KUBE-LOAD-BALANCER, KUBE-NODE-PORT-TCP, KUBE-HEALTH-CHECK-NODE-PORT, KUBE-IPVS-IPS, KUBE-6-CLUSTER-IP",
+        &format!(
+            "removed kube-proxy's {} iptables chains (ip nat, ip filter), {} rules jumping to them",
+            kube_proxy_ipvs::CHAINS,
+            kube_proxy_ipvs::JUMPS
+        ),
+    ] {
+        assert!(log.contains(line), "{line:?} not in:\n{log}");
+    }
+    assert_eq!(kube_proxy_ipvs::ipset_names(c.node()), Vec::<String>::new());
+    let rules = exec_in(c.node(), &["iptables-nft-save"]);
+    assert!(!rules.contains("KUBE-"), "{rules}");
+    assert_only(
+        &tally(c.client(), "10.96.5.30:80", 15, false),
+        &["pod-a", "pod-b", "pod-c"],
+    );
+    (c, daemon, log)
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn from_kube_proxy_s_ipvs_mode_to_kube_nft_s_its_leftovers_go_and_the_cluster_ip_answers_throughout(
+) {
+    let (c, _daemon, log) = moved_from_kube_proxy_s_ipvs_mode("ipvskp", &ipvs_flags(&[]), |c| {
+        ipvsadm(c.node()) == web_over_all()
+    });
+    // The virtual services and kube-ipvs0 are kube-nft's now.
+    assert!(
+        log.contains(
+            "kube-nft serves this node with IPVS: its virtual services and kube-ipvs0 stay"
+        ),
+        "{log}"
+    );
+    assert_eq!(ipvsadm(c.node()), web_over_all());
+    assert!(kube_ipvs0_addresses(c.node()).contains("10.96.5.30/32"));
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn from_kube_proxy_s_ipvs_mode_to_kube_nft_s_nftables_mode_ipvs_goes_too_and_the_cluster_ip_answers_throughout(
+) {
+    let (c, _daemon, log) =
+        moved_from_kube_proxy_s_ipvs_mode("ipvskpnft", &["--node-name", NODE], |c| {
+            nft_list(c.node()).contains("10.96.5.30")
+        });
+    assert!(log.contains("removed 1 IPVS virtual services"), "{log}");
+    assert_eq!(ipvsadm(c.node()), BTreeMap::new());
+    assert_eq!(kube_ipvs0_addresses(c.node()), "");
+}

@@ -502,6 +502,24 @@ fn cleanup_kube_proxy() -> Result<bool, String> {
     if removed.ipvs_services > 0 {
         tracing::info!("removed {} IPVS virtual services", removed.ipvs_services);
     }
+    if removed.ipvs_kept {
+        tracing::info!(
+            "kube-nft serves this node with IPVS: its virtual services and kube-ipvs0 stay"
+        );
+    }
+    if !removed.ipsets.is_empty() {
+        tracing::info!(
+            "removed {} ipsets: {}",
+            removed.ipsets.len(),
+            removed.ipsets.join(", ")
+        );
+    }
+    if !removed.ipsets_in_use.is_empty() {
+        tracing::warn!(
+            "ipsets still in use by rules kube-nft cannot see or did not write ({}): `kube-proxy --cleanup` removes kube-proxy's iptables-legacy rules and then them",
+            removed.ipsets_in_use.join(", ")
+        );
+    }
     if !removed.legacy_tables.is_empty() {
         tracing::warn!(
             "iptables-legacy tables exist ({}), which kube-nft cannot read: if kube-proxy wrote rules there, `kube-proxy --cleanup` removes them",

@@ -7,6 +7,7 @@
 
 pub mod control_plane;
 pub mod foreign_tables;
+pub mod kube_proxy_ipvs;
 pub mod sctp;
 pub mod services;
 
@@ -524,6 +525,28 @@ pub fn keep_connecting(
         })
         .unwrap()
     })
+}
+
+/// `kube-nft cleanup --kube-proxy` in `node`, while a client in `client` keeps
+/// connecting to `target`, from before it to after it: its log, once it has
+/// succeeded and every connection was answered.
+pub fn cleanup_kube_proxy_while_connecting(node: &str, client: &str, target: &str) -> String {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let asking = keep_connecting(client, target, stop.clone());
+    std::thread::sleep(Duration::from_millis(300));
+    let out = kube_nft_in(node, &["cleanup", "--kube-proxy"]);
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (answered, failed) = asking.join().unwrap();
+    assert!(
+        failed.is_empty(),
+        "failed while cleaning up: {failed:?}\n{log}"
+    );
+    assert!(answered >= 10, "{answered} answered");
+    log
 }
 
 /// Notifications the kernel dropped for netfilter netlink sockets in `ns`

@@ -10,12 +10,13 @@
 # (default: ipvs dataplane features, and daemon's ipvs_mode test, whose other
 # branch the host runs: it checks IPVS mode on a kernel with IPVS and without.)
 #
-# The guest is an initramfs: busybox, the host's ip/nft/conntrack/ipvsadm with
-# their libraries, the kernel's netfilter/IPVS/veth/dummy modules, and the test
-# binaries cargo built, at the same paths as on the host. Each suite runs as
-# `<binary> --include-ignored --test-threads=1`: the IPVS tests are #[ignore]d on
-# the host, where they cannot run. The guest prints the test binaries' own
-# output, prefixed with "guest: ", then one line "kube-nft-guest: exit N".
+# The guest is an initramfs: busybox, the host's ip/nft/conntrack/ipvsadm/ipset
+# and iptables-nft with their libraries, the kernel's netfilter/IPVS/veth/dummy
+# modules, and the test binaries cargo built, at the same paths as on the host.
+# Each suite runs as `<binary> --include-ignored --test-threads=1`: the IPVS
+# tests are #[ignore]d on the host, where they cannot run. The guest prints the
+# test binaries' own output, prefixed with "guest: ", then one line
+# "kube-nft-guest: exit N".
 # Exits non-zero if a test failed, if the guest never reported, or if qemu ran
 # past its time limit.
 set -euo pipefail
@@ -96,6 +97,12 @@ with_libs() {
   done
 }
 with_libs "$(command -v ip)" "$(command -v nft)" "$(command -v conntrack)" "$(command -v ipvsadm)" "$bin"
+# What kube-proxy's IPVS mode writes with, for the test that removes it:
+# ipset, and iptables-nft with the extensions it loads (libxt_set, …).
+with_libs "$(command -v ipset)" /usr/sbin/xtables-nft-multi
+for name in iptables-nft iptables-nft-restore iptables-nft-save; do ln -s xtables-nft-multi "$stage/usr/sbin/$name"; done
+xtables=$(dirname "$(dpkg -L iptables | grep -m1 '/xtables/libxt_set\.so$')")
+with_libs "$xtables"/*.so
 for s in "${binaries[@]}"; do with_libs "${exe[$s]}"; done
 # Debug info is most of a test binary and the guest only needs symbols.
 strip --strip-debug "$stage$bin"

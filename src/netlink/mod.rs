@@ -1,5 +1,6 @@
 //! Our own netlink code, wire only: nf_tables, IPVS over generic netlink,
-//! conntrack and rtnetlink. Nothing here knows what a Service is.
+//! conntrack, ipset (only to remove kube-proxy's) and rtnetlink. Nothing here
+//! knows what a Service is.
 //!
 //! `attr` frames attributes, `message` frames messages, `expr` is the kernel's
 //! expression vocabulary and `objects` its tables, chains, rules, sets and
@@ -10,6 +11,7 @@ pub mod batch;
 pub mod conntrack;
 pub mod expr;
 pub mod genl;
+pub mod ipset;
 pub mod ipvs;
 pub mod listeners;
 pub mod message;

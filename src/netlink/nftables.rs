@@ -338,6 +338,23 @@ impl NftSocket {
         Ok(found)
     }
 
+    /// The names of one table's sets and maps, without their elements.
+    pub fn set_names(&mut self, family: Family, table: &str) -> Result<Vec<String>, NftError> {
+        let mut names = Vec::new();
+        self.dump_each(
+            GETSET,
+            family,
+            |w| w.put_str(1, table),
+            |s| {
+                if let Some(set) = KernelSet::parse(s, table)? {
+                    names.push(set.name);
+                }
+                Ok(())
+            },
+        )?;
+        Ok(names)
+    }
+
     /// The rules of one chain, in order, through a dump filtered by chain: the
     /// kernel finds a named chain by hash, while a whole-table rule dump restarts
     /// its walk at the first rule for every message it fills (quadratic).

@@ -8,18 +8,22 @@
 //!   (an nf_tables table per iptables table), with every rule elsewhere that
 //!   jumps to one; the kubelet's chains beside them (`KUBE-FIREWALL`,
 //!   `KUBE-KUBELET-CANARY`, `KUBE-MARK-DROP`) and everyone else's stay;
-//! - IPVS's virtual services on this node's addresses, and `kube-ipvs0`.
+//! - IPVS's virtual services on this node's addresses, and `kube-ipvs0`, unless
+//!   kube-nft serves this node with IPVS: then they are its own;
+//! - the IPVS mode's ipsets, after the rules that match on them.
 //!
 //! The nf_tables part is one transaction: kube-proxy's rules go all at once or
-//! not at all. Rules iptables-legacy wrote and the IPVS mode's ipsets are out
-//! of netlink's nf_tables reach; `kube-proxy --cleanup` removes those.
+//! not at all. Rules iptables-legacy wrote are out of nf_tables' reach;
+//! `kube-proxy --cleanup` removes those (and an ipset they use stays, named).
 
 use crate::core::net::Family;
 use crate::netlink::batch::Batch;
 use crate::netlink::expr::{Data, Expr};
+use crate::netlink::ipset::{self, Destroyed, IpsetSocket};
 use crate::netlink::nftables::{Committed, NftError, NftSocket};
 use crate::netlink::objects::KernelTable;
-use crate::ruleset::Verdict;
+use crate::ruleset::{Verdict, TABLE_NAME};
+use std::time::{Duration, Instant};
 
 /// kube-proxy's nftables mode's table, in each family.
 const NFTABLES_TABLE: &str = "kube-proxy";
@@ -55,6 +59,45 @@ const CHAINS: [(&str, &[&str]); 3] = [
     ),
     ("mangle", &["KUBE-PROXY-CANARY"]),
 ];
+
+/// The IPVS mode's ipsets (`ipsetInfo` in `pkg/proxy/ipvs/proxier.go`).
+const IPSETS: [&str; 17] = [
+    "KUBE-LOOP-BACK",
+    "KUBE-CLUSTER-IP",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-LOAD-BALANCER-FW",
+    "KUBE-LOAD-BALANCER-LOCAL",
+    "KUBE-LOAD-BALANCER-SOURCE-IP",
+    "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+    "KUBE-NODE-PORT-TCP",
+    "KUBE-NODE-PORT-LOCAL-TCP",
+    "KUBE-NODE-PORT-UDP",
+    "KUBE-NODE-PORT-LOCAL-UDP",
+    "KUBE-NODE-PORT-SCTP-HASH",
+    "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+    "KUBE-HEALTH-CHECK-NODE-PORT",
+    "KUBE-IPVS-IPS",
+];
+
+/// Every ipset name kube-proxy's IPVS mode uses: each of `IPSETS`, and its IPv6
+/// twin, "KUBE-6-…" cut to ipset's 31 characters as kube-proxy cuts it
+/// (kube-proxy's own cleanup forgets the twins).
+fn ipset_names() -> Vec<String> {
+    let mut names: Vec<String> = IPSETS.iter().map(|n| n.to_string()).collect();
+    for n in IPSETS {
+        let mut twin = n.replacen("KUBE-", "KUBE-6-", 1);
+        twin.truncate(ipset::MAX_NAME_LEN);
+        names.push(twin);
+    }
+    names
+}
+
+/// How long an ipset may stay referenced after the transaction that removed
+/// the last rule using it: the kernel releases a removed rule's matches from a
+/// work queue, after the commit has returned.
+const IPSET_RELEASE: Duration = Duration::from_secs(3);
 
 /// The iptables mode's chains per Service port and endpoint (nat only).
 const SERVICE_CHAIN_PREFIXES: [&str; 5] = [
@@ -167,6 +210,11 @@ pub struct Removed {
     /// One line per family that had leftovers.
     pub nftables: Vec<String>,
     pub ipvs_services: usize,
+    /// kube-nft serves this node with IPVS, so IPVS and `kube-ipvs0` stayed.
+    pub ipvs_kept: bool,
+    pub ipsets: Vec<String>,
+    /// ipsets still referenced after the rules kube-nft can see went.
+    pub ipsets_in_use: Vec<String>,
     /// The iptables-legacy tables this network namespace has, which may hold
     /// kube-proxy rules that only `kube-proxy --cleanup` can see.
     pub legacy_tables: Vec<String>,
@@ -188,14 +236,61 @@ pub fn remove(sock: &mut NftSocket) -> Result<Removed, String> {
             format!("removing kube-proxy's nf_tables objects (nothing was removed): {e}")
         })?;
     }
-    out.ipvs_services =
-        crate::ipvs::cleanup().map_err(|e| format!("removing IPVS's virtual services: {e}"))?;
+    out.ipvs_kept = served_by_ipvs(sock).map_err(|e| format!("reading the ruleset: {e}"))?;
+    if !out.ipvs_kept {
+        out.ipvs_services =
+            crate::ipvs::cleanup().map_err(|e| format!("removing IPVS's virtual services: {e}"))?;
+    }
+    (out.ipsets, out.ipsets_in_use) =
+        remove_ipsets().map_err(|e| format!("removing kube-proxy's ipsets: {e}"))?;
     for file in ["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"] {
         let names = std::fs::read_to_string(file).unwrap_or_default();
         out.legacy_tables
             .extend(names.lines().map(|t| format!("{file}: {t}")));
     }
     Ok(out)
+}
+
+/// Whether kube-nft serves this node with its IPVS backend, whose table has
+/// the set of what IPVS serves: then the virtual services and `kube-ipvs0`
+/// that kube-proxy made are kube-nft's now.
+fn served_by_ipvs(sock: &mut NftSocket) -> Result<bool, NftError> {
+    for family in Family::ALL {
+        if sock.find_table(family, TABLE_NAME)?.is_some()
+            && sock
+                .set_names(family, TABLE_NAME)?
+                .iter()
+                .any(|n| n == crate::nft::names::SET_SERVICE_PORTS)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Destroys kube-proxy's ipsets: (destroyed, still in use). A set the removed
+/// rules used is asked again until the kernel has released it.
+fn remove_ipsets() -> Result<(Vec<String>, Vec<String>), ipset::IpsetError> {
+    let (mut gone, mut in_use) = (Vec::new(), Vec::new());
+    let Some(mut sock) = IpsetSocket::open()? else {
+        return Ok((gone, in_use));
+    };
+    let until = Instant::now() + IPSET_RELEASE;
+    for name in ipset_names() {
+        loop {
+            match sock.destroy(&name)? {
+                Destroyed::Gone => gone.push(name),
+                Destroyed::NotThere => {}
+                Destroyed::InUse if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Destroyed::InUse => in_use.push(name),
+            }
+            break;
+        }
+    }
+    Ok((gone, in_use))
 }
 
 fn find(sock: &mut NftSocket, family: Family) -> Result<Leftovers, NftError> {
@@ -301,5 +396,20 @@ mod tests {
             "table ip kube-proxy, 5 iptables chains (ip nat, ip filter), 2 rules jumping to them"
         );
         assert!(Leftovers::find(false, &[]).is_empty());
+    }
+
+    #[test]
+    fn ipset_names_are_kube_proxy_s_in_both_families_within_ipset_s_limit() {
+        let names = ipset_names();
+        assert_eq!(names.len(), 2 * IPSETS.len());
+        assert!(names.iter().all(|n| n.len() <= ipset::MAX_NAME_LEN));
+        for name in [
+            "KUBE-CLUSTER-IP",
+            "KUBE-6-CLUSTER-IP",
+            "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS",
+            "KUBE-6-LOAD-BALANCER-SOURCE-CID",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
     }
 }
