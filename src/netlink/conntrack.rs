@@ -167,8 +167,8 @@ impl ConntrackSocket {
         })
     }
 
-    /// Every tracked flow of transport protocol `proto`, both families.
-    pub fn flows(&mut self, proto: u8) -> Result<Vec<Flow>, ConntrackError> {
+    /// The tracked flows, of both families, that `keep` keeps.
+    pub fn flows(&mut self, keep: impl Fn(&Flow) -> bool) -> Result<Vec<Flow>, ConntrackError> {
         let mut req = Vec::new();
         let at = put_header(
             &mut req,
@@ -182,7 +182,7 @@ impl ConntrackSocket {
         let mut out = Vec::new();
         exchange(&self.sock, &mut self.rx, &req, |msg| {
             if let Some(flow) = decode_flow(msg.payload)? {
-                if flow.original.proto == proto {
+                if keep(&flow) {
                     out.push(flow);
                 }
             }

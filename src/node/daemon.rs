@@ -12,7 +12,7 @@ use crate::config::{DetectLocal, Settings, Source};
 use crate::core::convert::{log_rejected, log_skipped_values};
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
-use crate::core::node_config::NodeConfig;
+use crate::core::node_config::{NodeConfig, ProxyMode};
 use crate::engine::dataplane::SyncKind;
 use crate::engine::{Engine, SyncReport};
 use crate::netlink::monitor::{Change, Monitor};
@@ -21,7 +21,7 @@ use crate::node::healthcheck::{self, HealthServers};
 use crate::node::metrics::Metrics;
 use crate::node::metrics_server::MetricsServer;
 use crate::node::proxy_health::{node_eligible, ProxyHealth};
-use crate::node::stale_flows::StaleFlowCleaner;
+use crate::node::stale_flows::{self, StaleFlowCleaner};
 use crate::ruleset::TableId;
 use crate::source::files::{self, ManifestStore};
 use crate::source::store::ClusterStore;
@@ -400,6 +400,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     let mut was_ready = false;
     // Said once per different reason: NodePorts with no address to serve them on.
     let mut unserved: Option<String> = None;
+    // Connections may have met no rules of ours: before the first sync, and
+    // when our tables changed outside kube-nft (stale_flows::forget_unnated).
+    let mut rules_had_gap = true;
     loop {
         // Before the list, no Node object says nothing: over an earlier run's
         // rules, /healthz must not turn 503 while the API server is slow or away.
@@ -451,6 +454,10 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     metrics.sync_succeeded(&r, store.state(), done);
                     metrics.programmed(&programmed_triggers(&mut store, &r), done);
                     clean_flows(&mut flows, store.state(), &engine, &r, &metrics);
+                    if rules_had_gap && r.kind == SyncKind::Full {
+                        rules_had_gap = false;
+                        forget_unnated(store.state(), &engine, &metrics);
+                    }
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -504,6 +511,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 tracing::warn!("our table was changed outside kube-nft ({change:?}); repairing");
                 metrics.drift_seen(change);
                 engine.request_full_sync();
+                rules_had_gap = true;
             }
             Event::Terminate(signal) => {
                 tracing::info!("{signal}: stopping; the rules stay in place and keep serving");
@@ -541,6 +549,27 @@ fn clean_flows(
             }
         }
         Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),
+    }
+}
+
+/// After a sync that wrote our rules where they may have been missing: the
+/// flows that met none of them go, so that their next packet is balanced.
+/// IPVS serves Service addresses without our table, so it leaves no such gap.
+fn forget_unnated(state: &ClusterState, engine: &Engine, metrics: &Metrics) {
+    if engine.config().mode != ProxyMode::Nftables {
+        return;
+    }
+    match stale_flows::forget_unnated(state, engine.config()) {
+        Ok(cleaned) => {
+            metrics.conntrack_reconciled(cleaned.took, &cleaned.deleted);
+            if cleaned.total() > 0 {
+                tracing::info!(
+                    "deleted {} conntrack entries to Service addresses that met none of our rules",
+                    cleaned.total()
+                );
+            }
+        }
+        Err(e) => tracing::warn!("deleting conntrack entries that met none of our rules: {e}"),
     }
 }
 

@@ -9,6 +9,14 @@
 //! endpoints that still serve, and delete the others so their next packet is
 //! load-balanced again. A deleted Service's destinations may reach nothing.
 //!
+//! A gap in the rules does the same to every protocol: a connection whose first
+//! packet came while our tables were missing (flushed by someone, or not yet
+//! written at start) is tracked without DNAT, and its later packets, after the
+//! repair, skip the NAT hook and meet the rules that reject a Service address's
+//! unknown ports. After the first sync and after each repair of drift, the
+//! flows to a Service destination that were never DNATed are deleted, so that
+//! the client's retransmission is load-balanced (`forget_unnated`).
+//!
 //! "Still serve" is kube-proxy's rule (`pkg/proxy/conntrack/cleanup.go`): every
 //! endpoint whose `serving` condition holds, whatever the traffic policy,
 //! topology hints or terminating state choose for new flows. A flow lives as
@@ -16,7 +24,7 @@
 //! terminating keeps the flows it has while it drains, and a policy or hint
 //! change moves only new flows.
 
-use crate::core::model::{ClusterState, Service, ServiceKey};
+use crate::core::model::{ClusterState, Service, ServiceKey, ServicePort};
 use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::port_endpoints;
@@ -30,10 +38,40 @@ use std::time::{Duration, Instant};
 type Addr = (IpAddr, u16);
 type Destinations = BTreeMap<Addr, BTreeSet<Addr>>;
 
-/// One Service's UDP destinations (ClusterIP, external IP, load balancer IP and
-/// NodePort on this node's addresses) with the endpoints that still serve them.
+/// Where one Service port is reached in one family: its ClusterIP, external
+/// IPs and load balancer IPs at its port, and this node's NodePort addresses at
+/// its NodePort.
+fn port_destinations(
+    state: &ClusterState,
+    svc: &Service,
+    port: &ServicePort,
+    family: Family,
+    config: &NodeConfig,
+) -> Vec<Addr> {
+    let of_family = |ip: &&IpAddr| Family::of(ip) == family;
+    let mut dests: Vec<Addr> = svc
+        .cluster_ips
+        .iter()
+        .chain(&svc.external_ips)
+        .chain(&svc.load_balancer_ips)
+        .filter(of_family)
+        .map(|ip| (*ip, port.port))
+        .collect();
+    if let Some(np) = port.node_port {
+        if svc.cluster_ips.iter().any(|ip| of_family(&ip)) {
+            dests.extend(
+                config
+                    .nodeport_ips(state.node.as_ref(), family)
+                    .into_iter()
+                    .map(|ip| (ip, np)),
+            );
+        }
+    }
+    dests
+}
+
+/// One Service's UDP destinations with the endpoints that still serve them.
 pub fn udp_destinations(state: &ClusterState, svc: &Service, config: &NodeConfig) -> Destinations {
-    let node = state.node.as_ref();
     let mut out = Destinations::new();
     for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
         for family in Family::ALL {
@@ -42,31 +80,65 @@ pub fn udp_destinations(state: &ClusterState, svc: &Service, config: &NodeConfig
                 .filter(|e| e.conditions.serving)
                 .map(|e| (e.addr, e.port))
                 .collect();
-            let of_family = |ip: &&IpAddr| Family::of(ip) == family;
-            let mut dests: Vec<Addr> = svc
-                .cluster_ips
-                .iter()
-                .chain(&svc.external_ips)
-                .chain(&svc.load_balancer_ips)
-                .filter(of_family)
-                .map(|ip| (*ip, port.port))
-                .collect();
-            if let Some(np) = port.node_port {
-                if svc.cluster_ips.iter().any(|ip| of_family(&ip)) {
-                    dests.extend(
-                        config
-                            .nodeport_ips(node, family)
-                            .into_iter()
-                            .map(|ip| (ip, np)),
-                    );
-                }
-            }
-            for d in dests {
+            for d in port_destinations(state, svc, port, family, config) {
                 out.entry(d).or_default().extend(allowed.iter().copied());
             }
         }
     }
     out
+}
+
+/// Every Service destination, with its transport protocol's number.
+fn all_destinations(state: &ClusterState, config: &NodeConfig) -> BTreeSet<(u8, Addr)> {
+    let mut out = BTreeSet::new();
+    for svc in state.services.values() {
+        for port in &svc.ports {
+            for family in Family::ALL {
+                let proto = port.protocol.number();
+                out.extend(
+                    port_destinations(state, svc, port, family, config)
+                        .into_iter()
+                        .map(|d| (proto, d)),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The flows to a Service destination that were never DNATed: their reply
+/// would come from the destination itself. Every flow our rules let through
+/// to a Service is DNATed to an endpoint, and the rules drop or reject the
+/// others before conntrack keeps them, so only a gap in the rules leaves these.
+pub fn unnated<'a>(flows: &'a [Flow], dests: &BTreeSet<(u8, Addr)>) -> Vec<&'a Flow> {
+    flows
+        .iter()
+        .filter(|f| {
+            (f.reply.src, f.reply.sport) == (f.original.dst, f.original.dport)
+                && dests.contains(&(f.original.proto, (f.original.dst, f.original.dport)))
+        })
+        .collect()
+}
+
+/// Deletes the flows to Service destinations that were never DNATed (see
+/// `unnated`), of every protocol: run after a sync that wrote our rules where
+/// they were missing.
+pub fn forget_unnated(
+    state: &ClusterState,
+    config: &NodeConfig,
+) -> Result<Cleaned, ConntrackError> {
+    let start = Instant::now();
+    let dests = all_destinations(state, config);
+    let mut sock = ConntrackSocket::open()?;
+    let flows =
+        sock.flows(|f| dests.contains(&(f.original.proto, (f.original.dst, f.original.dport))))?;
+    let mut cleaned = Cleaned::empty(start);
+    for f in unnated(&flows, &dests) {
+        sock.delete(f)?;
+        cleaned.count(f);
+    }
+    cleaned.took = start.elapsed();
+    Ok(cleaned)
 }
 
 /// The flows to a checked destination whose reply does not come from one of the
@@ -99,6 +171,20 @@ pub struct Cleaned {
 }
 
 impl Cleaned {
+    fn empty(start: Instant) -> Cleaned {
+        Cleaned {
+            took: start.elapsed(),
+            deleted: Family::ALL.iter().map(|f| (*f, 0)).collect(),
+        }
+    }
+
+    fn count(&mut self, f: &Flow) {
+        let family = Family::of(&f.original.dst);
+        if let Some((_, n)) = self.deleted.iter_mut().find(|(of, _)| *of == family) {
+            *n += 1;
+        }
+    }
+
     pub fn total(&self) -> usize {
         self.deleted.iter().map(|(_, n)| n).sum()
     }
@@ -119,15 +205,12 @@ impl StaleFlowCleaner {
             return Ok(None);
         }
         let mut sock = ConntrackSocket::open()?;
-        let flows = sock.flows(Protocol::Udp.number())?;
-        let stale = stale(&flows, &check);
-        let mut deleted: Vec<(Family, usize)> = Family::ALL.iter().map(|f| (*f, 0)).collect();
-        for f in &stale {
+        let udp = Protocol::Udp.number();
+        let flows = sock.flows(|f| f.original.proto == udp)?;
+        let mut cleaned = Cleaned::empty(start);
+        for f in stale(&flows, &check) {
             sock.delete(f)?;
-            let family = Family::of(&f.original.dst);
-            if let Some((_, n)) = deleted.iter_mut().find(|(of, _)| *of == family) {
-                *n += 1;
-            }
+            cleaned.count(f);
         }
         for (key, now) in updates {
             if now.is_empty() {
@@ -136,10 +219,8 @@ impl StaleFlowCleaner {
                 self.last.insert(key, now);
             }
         }
-        Ok(Some(Cleaned {
-            took: start.elapsed(),
-            deleted,
-        }))
+        cleaned.took = start.elapsed();
+        Ok(Some(cleaned))
     }
 
     /// The destinations to check (with what each may reach now) and each changed
@@ -299,5 +380,41 @@ mod tests {
         ];
         let s = stale(&flows, &dests);
         assert_eq!(s, vec![&flows[1], &flows[2]]);
+    }
+
+    #[test]
+    fn only_flows_to_a_service_destination_that_were_never_natted_are_unnated() {
+        let vip: IpAddr = "10.96.0.10".parse().unwrap();
+        let dests = BTreeSet::from([(6, (vip, 80)), (17, (vip, 53))]);
+        let tcp = |dst, dport, reply_src, sport| {
+            let mut f = flow(dst, dport, reply_src, sport);
+            f.original.proto = 6;
+            f.reply.proto = 6;
+            f
+        };
+        let flows = [
+            tcp("10.96.0.10", 80, "10.244.0.2", 9376), // DNATed
+            tcp("10.96.0.10", 80, "10.96.0.10", 80),   // met no rule
+            flow("10.96.0.10", 53, "10.96.0.10", 53),  // the same, UDP
+            flow("10.96.0.10", 80, "10.96.0.10", 80),  // UDP to a TCP port
+            tcp("10.96.0.10", 22, "10.96.0.10", 22),   // not a Service port
+            tcp("192.0.2.1", 80, "192.0.2.1", 80),     // not a Service address
+        ];
+        assert_eq!(unnated(&flows, &dests), vec![&flows[1], &flows[2]]);
+    }
+
+    #[test]
+    fn every_service_destination_is_checked_with_its_protocol() {
+        let mut state = udp_state(&[(1, &["10.128.0.1"])]);
+        let tcp = crate::testbed::synthetic::service(2);
+        state
+            .services
+            .insert(crate::testbed::synthetic::service_key(2), tcp.clone());
+        let dests = all_destinations(&state, &NodeConfig::default());
+        let vip = crate::testbed::synthetic::vip;
+        let port = tcp.ports[0].port;
+        assert!(dests.contains(&(17, (vip(1), port))), "{dests:?}");
+        assert!(dests.contains(&(6, (vip(2), port))), "{dests:?}");
+        assert!(!dests.contains(&(6, (vip(1), port))), "{dests:?}");
     }
 }
