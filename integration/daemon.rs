@@ -209,6 +209,52 @@ fn a_flushed_ruleset_under_load_fails_no_cluster_ip_connection_and_only_node_por
     );
 }
 
+/// A connection to a ClusterIP whose SYN comes before kube-nft's first sync
+/// (a node booting, pods already sending) is answered on the SYN's
+/// retransmission: the first sync deletes the entry conntrack kept without DNAT.
+#[test]
+fn a_connection_begun_before_the_first_sync_is_answered_on_its_retransmission() {
+    let c = Cluster::new("beforesync", &WEB_PODS, &[9376]);
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &web(&["10.244.0.11", "10.244.0.12", "10.244.0.13"]),
+    );
+    // Conntrack tracks a namespace's packets once something there uses it: on a
+    // node, the CNI's or a firewall's rules, as this one.
+    nft_in(
+        c.node(),
+        "add table inet firewall; add chain inet firewall forward { type filter hook forward priority 0; ct state established accept; }",
+    );
+    let early = {
+        let ns = c.client().to_string();
+        std::thread::spawn(move || {
+            kube_nft::testbed::netns::in_netns(&ns, || {
+                let started = std::time::Instant::now();
+                let target: SocketAddr = WEB_VIP.parse().unwrap();
+                let got = kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(10));
+                (got.map_err(|e| e.to_string()), started.elapsed())
+            })
+            .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let flows = exec_in(
+        c.node(),
+        &["conntrack", "-L", "-p", "tcp", "--orig-dst", "10.96.0.10"],
+    );
+    assert!(
+        flows.contains("dport=80"),
+        "the SYN was not tracked: {flows}"
+    );
+    let _d = Daemon::start(c.node(), &manifests, c.scratch.0.join("log"), &[]);
+    let (got, took) = early.join().unwrap();
+    assert!(got.is_ok(), "{got:?} after {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "answered at once, after {took:?}"
+    );
+}
+
 /// The notification socket overflowing (ENOBUFS). While the daemon is stopped
 /// (SIGSTOP), another process floods nf_tables with changes to a table of its
 /// own until the kernel drops notifications for the daemon's socket, then
