@@ -97,6 +97,22 @@ enum Command {
     /// turn, on this network namespace as a node of a real control plane
     /// (integration/k8s/bench.sh sets it up and runs this).
     BenchKubeProxy(VersusArgs),
+    /// Measure the IPVS backend's syncs at several cluster sizes, beside the
+    /// same state written by ipvsadm, ip and nft (needs a kernel with IPVS:
+    /// benches/ipvs_scale.sh runs it in a guest).
+    BenchIpvs {
+        /// Cluster sizes in Services, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+        sizes: Vec<usize>,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Prefix of the scratch namespaces.
+        #[arg(long, default_value = "kube-nft-bench-ipvs")]
+        prefix: String,
+    },
     /// One full sync of a synthetic cluster in a fresh process (used by `bench`).
     #[command(hide = true)]
     BenchChild {
@@ -109,6 +125,8 @@ enum Command {
         /// With `--counters` (to measure what counting costs).
         #[arg(long)]
         counters: bool,
+        #[arg(long, value_enum, default_value_t = ModeName::Nftables)]
+        proxy_mode: ModeName,
     },
     /// A pod's workload: answer with NAME on TCP (HTTP) and UDP ports (used by the lab).
     #[command(hide = true)]
@@ -431,12 +449,29 @@ fn main() -> ExitCode {
         .map_err(|e| e.to_string()),
         Command::Bench(args) => bench(args).map(|_| true),
         Command::BenchKubeProxy(args) => bench_kube_proxy(&args),
+        Command::BenchIpvs {
+            sizes,
+            endpoints,
+            runs,
+            prefix,
+        } => kube_nft::bench::ipvs::run(&kube_nft::bench::ipvs::IpvsBenchOptions {
+            sizes,
+            endpoints,
+            runs,
+            prefix,
+        })
+        .map(|report| {
+            print!("{report}");
+            true
+        }),
         Command::BenchChild {
             netns,
             services,
             endpoints,
             counters,
-        } => kube_nft::bench::child_sync(&netns, services, endpoints, counters).map(|_| true),
+            proxy_mode,
+        } => kube_nft::bench::child_sync(&netns, services, endpoints, counters, proxy_mode)
+            .map(|_| true),
         Command::Serve { netns, name, ports } => {
             serve(netns.as_deref(), &name, &ports).map(|_| true)
         }

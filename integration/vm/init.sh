@@ -24,6 +24,13 @@ run_suite() {
   [ "$(cat /tmp/rc)" = 0 ] || failed=1
 }
 
+# A kube-nft command instead of suites (KUBE_NFT_VM_COMMAND).
+run_command() {
+  echo "guest: === kube-nft $* ==="
+  { "$@" 2>&1; echo $? >/tmp/rc; } | sed 's/^/guest: /'
+  [ "$(cat /tmp/rc)" = 0 ] || failed=1
+}
+
 finish() {
   echo "kube-nft-guest: exit $failed"
   sync

@@ -23,7 +23,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root_dir=$PWD
 suites=("$@")
-((${#suites[@]})) || suites=(ipvs dataplane features daemon:ipvs_mode_)
+# KUBE_NFT_VM_COMMAND="ARGS" runs `kube-nft ARGS` in the guest instead of test
+# suites (benches/ipvs_scale.sh), with KUBE_NFT_VM_BIN as kube-nft if set.
+command=${KUBE_NFT_VM_COMMAND:-}
+[ -n "$command" ] || ((${#suites[@]})) || suites=(ipvs dataplane features daemon:ipvs_mode_)
 # Each SUITE[:FILTER] names a test binary, and optionally the tests of it to run.
 binaries=()
 for s in "${suites[@]}"; do binaries+=("${s%%:*}"); done
@@ -65,7 +68,7 @@ vmlinuz=$kernel_dir/boot/vmlinuz-$kver
 
 # --- the test binaries, as cargo built them ---
 declare -A exe
-while IFS=$'\t' read -r name path; do exe[$name]=$path; done < <(
+((${#binaries[@]})) && while IFS=$'\t' read -r name path; do exe[$name]=$path; done < <(
   cargo test --no-run --message-format=json "${binaries[@]/#/--test=}" 2>/dev/null |
     python3 -c '
 import json, sys
@@ -74,7 +77,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"], sep="\t")
 ')
-bin=$root_dir/target/debug/kube-nft
+bin=${KUBE_NFT_VM_BIN:-$root_dir/target/debug/kube-nft}
 [ -x "$bin" ] || cargo build --quiet
 for s in "${binaries[@]}"; do
   [ -n "${exe[$s]:-}" ] || { echo "vm: no test binary for suite $s" >&2; exit 1; }
@@ -130,6 +133,7 @@ busybox depmod -b "$stage" "$kver"
     f=${s#"$b"}
     echo "run_suite $s '${exe[$b]}' '${f#:}'"
   done
+  [ -z "$command" ] || echo "run_command '$bin' $command"
   echo 'finish'
 } >"$stage/init"
 chmod +x "$stage/init"

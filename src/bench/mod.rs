@@ -17,6 +17,7 @@ pub mod api_path;
 pub mod apiserver;
 pub mod dataplane;
 pub mod etcd_load;
+pub mod ipvs;
 pub mod operator;
 pub mod plot;
 pub mod reach;
@@ -24,7 +25,7 @@ pub mod report;
 pub mod versus;
 
 use crate::core::model::{ClusterState, Endpoint, ServiceKey};
-use crate::core::node_config::NodeConfig;
+use crate::core::node_config::{ModeName, NodeConfig};
 use crate::engine::Proxy;
 use crate::nft::translate::translate;
 use crate::testbed::netns::{in_netns, Netns};
@@ -69,24 +70,41 @@ fn median_usize(v: Vec<usize>) -> usize {
     median(v.into_iter().map(|x| x as f64).collect()) as usize
 }
 
+/// The synthetic node's settings under a proxy mode.
+pub fn node_config(mode: ModeName) -> NodeConfig {
+    NodeConfig {
+        mode: mode.mode(),
+        ..synthetic::node_config()
+    }
+}
+
 /// The hidden `bench-child` command: one full sync in a fresh process, printed as
-/// `sync_ms messages bytes peak_rss_kib kernel_ms`.
+/// `sync_ms messages bytes peak_rss_kib kernel_ms other_bytes` (the last: what
+/// dataplanes other than nf_tables sent, IPVS's commands).
 pub fn child_sync(
     netns: &str,
     services: usize,
     endpoints: usize,
     counters: bool,
+    mode: ModeName,
 ) -> Result<(), String> {
     crate::testbed::netns::enter(netns).map_err(|e| e.to_string())?;
     let config = NodeConfig {
         counters,
-        ..synthetic::node_config()
+        ..node_config(mode)
     };
     let mut p = crate::assemble::proxy(config).map_err(|e| e.to_string())?;
     p.replace_state(synthetic::state(services, endpoints));
     let r = p.sync().map_err(|e| e.to_string())?;
+    let other_bytes: usize = r
+        .written
+        .iter()
+        .flat_map(|(_, w)| &w.counts)
+        .filter(|(name, _)| *name == "bytes")
+        .map(|(_, n)| n)
+        .sum();
     println!(
-        "{:.3} {} {} {} {:.3}",
+        "{:.3} {} {} {} {:.3} {other_bytes}",
         r.duration.as_secs_f64() * 1000.0,
         r.committed.messages,
         r.committed.bytes,
@@ -103,9 +121,16 @@ struct ChildSync {
     kernel_ms: f64,
     bytes: usize,
     rss_kib: u64,
+    /// Bytes sent to dataplanes other than nf_tables (IPVS).
+    other_bytes: usize,
 }
 
-fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync, String> {
+fn run_child(
+    netns: &str,
+    services: usize,
+    endpoints: usize,
+    mode: ModeName,
+) -> Result<ChildSync, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let start = Instant::now();
     let out = Command::new("ip")
@@ -119,6 +144,8 @@ fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync
             &services.to_string(),
             "--endpoints",
             &endpoints.to_string(),
+            "--proxy-mode",
+            &mode.mode().name(),
         ])
         .stderr(Stdio::inherit())
         .output()
@@ -139,6 +166,7 @@ fn run_child(netns: &str, services: usize, endpoints: usize) -> Result<ChildSync
         bytes: f.get(2).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
         rss_kib: f.get(3).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
         kernel_ms: f.get(4).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
+        other_bytes: f.get(5).and_then(|x| x.parse().ok()).ok_or_else(bad)?,
     })
 }
 
@@ -253,8 +281,18 @@ pub fn control_plane(
     let mut restart = Vec::new();
     for r in 0..runs {
         let ns = Netns::create(&tag("cold", r)).map_err(|e| e.to_string())?;
-        cold.push(run_child(&ns.name, services, endpoints)?);
-        restart.push(run_child(&ns.name, services, endpoints)?);
+        cold.push(run_child(
+            &ns.name,
+            services,
+            endpoints,
+            ModeName::Nftables,
+        )?);
+        restart.push(run_child(
+            &ns.name,
+            services,
+            endpoints,
+            ModeName::Nftables,
+        )?);
     }
 
     let state = synthetic::state(services, endpoints);
@@ -297,8 +335,11 @@ pub fn control_plane(
 
     // Incremental changes, in one long-lived proxy.
     let ns = Netns::create(&tag("inc", 0)).map_err(|e| e.to_string())?;
-    let incremental = in_netns(&ns.name, move || incremental_changes(state, runs.max(11)))
-        .map_err(|e| e.to_string())??;
+    let config = synthetic::node_config();
+    let incremental = in_netns(&ns.name, move || {
+        incremental_changes(state, config, runs.max(11))
+    })
+    .map_err(|e| e.to_string())??;
     Ok(ControlResult {
         services,
         endpoints,
@@ -343,9 +384,13 @@ struct Incremental {
 /// From the change to the model to the kernel's commit, median over `runs`
 /// changes each: one endpoint replaced, one endpoint removed (its Service's
 /// count changes), one Service added, one deleted.
-fn incremental_changes(state: ClusterState, runs: usize) -> Result<Incremental, String> {
+fn incremental_changes(
+    state: ClusterState,
+    config: NodeConfig,
+    runs: usize,
+) -> Result<Incremental, String> {
     let services = state.services.len();
-    let mut p = crate::assemble::proxy(synthetic::node_config()).map_err(|e| e.to_string())?;
+    let mut p = crate::assemble::proxy(config).map_err(|e| e.to_string())?;
     p.replace_state(state);
     p.sync().map_err(|e| e.to_string())?;
     let measure = |p: &mut Proxy,
