@@ -707,3 +707,35 @@ fn from_kube_proxy_s_ipvs_mode_to_kube_nft_s_nftables_mode_ipvs_goes_too_and_the
     assert_eq!(ipvsadm(c.node()), BTreeMap::new());
     assert_eq!(kube_ipvs0_addresses(c.node()), "");
 }
+
+/// `kube-nft bench-ipvs` (benches/ipvs_scale.sh) at a small size: it runs, its
+/// cold sync left every real server (it checks), and the restart wrote nothing.
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn the_ipvs_bench_runs_and_its_restart_writes_nothing() {
+    require_root();
+    let prefix = unique("ipvsbench");
+    let out = Command::new(BIN)
+        .args([
+            "bench-ipvs",
+            "--sizes",
+            "50",
+            "--runs",
+            "1",
+            "--prefix",
+            &prefix,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| 50 × 10 |"))
+        .unwrap_or_else(|| panic!("no row for 50 × 10 in:\n{text}"));
+    assert!(row.contains(" (0 B) |"), "{row}");
+}
