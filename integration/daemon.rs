@@ -12,18 +12,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn nft_in(ns: &str, cmd: &str) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", cmd])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "nft {cmd}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn drift_is_repaired_from_nftables_notifications() {
     let (c, _, d) = serve_web_on_notifications_only("drift");
@@ -86,32 +74,6 @@ fn drift_is_repaired_from_nftables_notifications() {
     );
 }
 
-/// New connections to `target` from `ns`, one every 20 ms until `stop`: the
-/// time each answered one took, and how and when each failed one failed.
-#[allow(clippy::type_complexity)]
-fn connect_every_20ms(
-    ns: &str,
-    target: &str,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<Duration>, Vec<(String, Duration)>)> {
-    let (ns, target): (String, SocketAddr) = (ns.to_string(), target.parse().unwrap());
-    std::thread::spawn(move || {
-        kube_nft::testbed::netns::in_netns(&ns, move || {
-            let (mut times, mut failed) = (Vec::new(), Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                let started = std::time::Instant::now();
-                match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(5)) {
-                    Ok(_) => times.push(started.elapsed()),
-                    Err(e) => failed.push((e.to_string(), started.elapsed())),
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            (times, failed)
-        })
-        .unwrap()
-    })
-}
-
 /// `nft flush ruleset` (what an old firewall does on reload, or an operator)
 /// while a client opens a new connection every 20 ms through the ClusterIP and
 /// another through the NodePort, three flushes 2 s apart. The repair comes
@@ -126,82 +88,37 @@ fn connect_every_20ms(
 ///   listens): one a flush or two, no more, and only then.
 #[test]
 fn a_flushed_ruleset_under_load_fails_no_cluster_ip_connection_and_only_node_ports_in_its_gap() {
-    use common::services::{node_object, node_port, svc, NODE};
     let c = Cluster::new("flushload", &WEB_PODS, &[9376]);
-    let manifests = c.scratch.write(
-        "web.yaml",
-        &(node_object("zone-a")
-            + &svc(
-                "web",
-                "  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80, targetPort: 9376, nodePort: 30080}]",
-                "",
-            )
-            + &slice(
-                "web",
-                "a",
-                &[tcp(80, 9376)],
-                &["10.244.0.11", "10.244.0.12", "10.244.0.13"],
-            )),
-    );
-    let d = Daemon::start(
-        c.node(),
-        &manifests,
-        c.scratch.0.join("log"),
-        &[
-            "--node-name",
-            NODE,
-            "--sync-period",
-            "1h",
-            "--min-sync-period",
-            "100ms",
-        ],
-    );
-    let node_port = node_port(30080);
-    wait_until(Duration::from_secs(10), "the first sync", || {
-        answers(c.client(), WEB_VIP) && answers(c.client(), &node_port)
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let clients = [WEB_VIP, node_port.as_str()]
-        .map(|target| (target, connect_every_20ms(c.client(), target, stop.clone())));
-    std::thread::sleep(Duration::from_secs(1));
-    let mut repairs = Vec::new();
-    for _ in 0..3 {
+    let d = serve_web_with_node_port(&c);
+    let node_port = services::node_port(WEB_NODE_PORT);
+    let (repairs, loads) = under_load(c.client(), &[WEB_VIP, &node_port], 3, || {
         nft_in(c.node(), "flush ruleset");
-        repairs.push(wait_until(Duration::from_secs(5), "the repair", || {
+        wait_until(Duration::from_secs(5), "the repair", || {
             nft_list(c.node()).contains("10.96.0.10 . tcp . 80 . 2 : 10.244.0.13 . 9376")
-        }));
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    stop.store(true, Ordering::Relaxed);
-    for (target, client) in clients {
-        let (times, failed) = client.join().unwrap();
-        let in_the_gap = |(e, after): &(String, Duration)| {
-            e.contains("refused") && *after < Duration::from_millis(500)
-        };
-        let longest = times.iter().max().copied().unwrap_or_default();
-        let retried = times
-            .iter()
-            .filter(|t| **t >= Duration::from_millis(900))
-            .count();
-        println!(
-            "{target}, 3 flushes: repaired after {repairs:?}; {} requests, {} failed ({failed:?}), {retried} answered after a SYN retransmission, longest {longest:?}",
-            times.len() + failed.len(),
-            failed.len()
-        );
-        if target == WEB_VIP {
-            assert!(failed.is_empty(), "{target}: {failed:?}\n{}", d.log_text());
+        })
+    });
+    let in_the_gap = |(e, after): &(String, Duration)| {
+        e.contains("refused") && *after < Duration::from_millis(500)
+    };
+    for load in loads {
+        println!("3 flushes, repaired after {repairs:?}: {}", load.summary());
+        let failed = &load.failed;
+        if load.target == WEB_VIP {
+            assert!(failed.is_empty(), "{}\n{}", load.summary(), d.log_text());
         } else {
             assert!(
                 failed.len() <= 2 * repairs.len() && failed.iter().all(in_the_gap),
-                "{target}: {failed:?}\n{}",
+                "{}\n{}",
+                load.summary(),
                 d.log_text()
             );
         }
         assert!(
-            longest < Duration::from_secs(3),
-            "{target}: a request took {longest:?}"
+            load.longest() < Duration::from_secs(3),
+            "{}",
+            load.summary()
         );
-        assert!(times.len() > 100, "{target}: {} requests", times.len());
+        assert!(load.times.len() > 100, "{}", load.summary());
     }
     assert!(
         repairs.iter().all(|r| *r < Duration::from_secs(1)),

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod control_plane;
+pub mod firewalld;
 pub mod foreign_tables;
 pub mod kube_proxy_ipvs;
 pub mod sctp;
@@ -294,6 +295,28 @@ pub fn exec_in(ns: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `nft CMD` in a namespace, which must succeed.
+pub fn nft_in(ns: &str, cmd: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", cmd])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nft {cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The tables of a namespace as `nft list tables` names them ("inet firewalld").
+pub fn nft_tables(ns: &str) -> Vec<String> {
+    exec_in(ns, &["nft", "list", "tables"])
+        .lines()
+        .filter_map(|l| l.strip_prefix("table "))
+        .map(str::to_string)
+        .collect()
+}
+
 /// `nft list ruleset` in a namespace.
 pub fn nft_list(ns: &str) -> String {
     let out = Command::new("ip")
@@ -501,6 +524,132 @@ pub fn serve_web_on_notifications_only(tag: &str) -> (Cluster, PathBuf, Daemon) 
         answers(c.client(), WEB_VIP)
     });
     (c, manifests, d)
+}
+
+/// What a client opening a new connection to `target` every 20 ms saw.
+pub struct Load {
+    pub target: String,
+    /// How long each answered request took.
+    pub times: Vec<Duration>,
+    /// How each failed request failed, and after how long.
+    pub failed: Vec<(String, Duration)>,
+}
+
+impl Load {
+    pub fn longest(&self) -> Duration {
+        self.times.iter().max().copied().unwrap_or_default()
+    }
+
+    /// Requests answered only on their SYN's retransmission (TCP's first after 1 s).
+    pub fn retried(&self) -> usize {
+        self.times
+            .iter()
+            .filter(|t| **t >= Duration::from_millis(900))
+            .count()
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{}: {} requests, {} failed ({:?}), {} answered on a SYN retransmission, longest {:?}",
+            self.target,
+            self.times.len() + self.failed.len(),
+            self.failed.len(),
+            self.failed,
+            self.retried(),
+            self.longest()
+        )
+    }
+}
+
+/// A client in `client` opening a new connection every 20 ms to each of
+/// `targets` while `disturb` runs `rounds` times, 2 s apart (after 1 s of load
+/// alone): what each `disturb` returned, and what the client saw per target.
+pub fn under_load<T>(
+    client: &str,
+    targets: &[&str],
+    rounds: usize,
+    mut disturb: impl FnMut() -> T,
+) -> (Vec<T>, Vec<Load>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = targets
+        .iter()
+        .map(|target| {
+            let (ns, stop) = (client.to_string(), stop.clone());
+            let (name, addr): (String, SocketAddr) = (target.to_string(), target.parse().unwrap());
+            std::thread::spawn(move || {
+                kube_nft::testbed::netns::in_netns(&ns, move || {
+                    let mut load = Load {
+                        target: name,
+                        times: Vec::new(),
+                        failed: Vec::new(),
+                    };
+                    while !stop.load(Ordering::Relaxed) {
+                        let started = std::time::Instant::now();
+                        match http_get(addr, Duration::from_secs(5)) {
+                            Ok(_) => load.times.push(started.elapsed()),
+                            Err(e) => load.failed.push((e.to_string(), started.elapsed())),
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    load
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let mut results = Vec::new();
+    for _ in 0..rounds {
+        results.push(disturb());
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let loads = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    (results, loads)
+}
+
+/// `web`'s NodePort (`serve_web_with_node_port`).
+pub const WEB_NODE_PORT: u16 = 30080;
+
+/// `kube-nft run` serving `web` from the three pods of `c` as a NodePort
+/// Service too, on this node (its Node object gives the address), with a resync
+/// period of an hour, once both answer the client.
+pub fn serve_web_with_node_port(c: &Cluster) -> Daemon {
+    use services::{node_object, node_port, svc, NODE};
+    let manifests = c.scratch.write(
+        "web.yaml",
+        &(node_object("zone-a")
+            + &svc(
+                "web",
+                &format!("  type: NodePort\n  clusterIP: 10.96.0.10\n  ports: [{{name: http, port: 80, targetPort: 9376, nodePort: {WEB_NODE_PORT}}}]"),
+                "",
+            )
+            + &slice(
+                "web",
+                "a",
+                &[tcp(80, 9376)],
+                &["10.244.0.11", "10.244.0.12", "10.244.0.13"],
+            )),
+    );
+    let d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &[
+            "--node-name",
+            NODE,
+            "--sync-period",
+            "1h",
+            "--min-sync-period",
+            "100ms",
+        ],
+    );
+    let node_port = node_port(WEB_NODE_PORT);
+    wait_until(Duration::from_secs(10), "the first sync", || {
+        answers(c.client(), WEB_VIP) && answers(c.client(), &node_port)
+    });
+    d
 }
 
 /// A client in `ns` opening a new connection to `target` every 20 ms until

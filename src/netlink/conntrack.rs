@@ -14,6 +14,8 @@ const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_STATUS: u16 = 3;
+const IPS_SEEN_REPLY: u32 = 1 << 1;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 const CTA_IP_V4_SRC: u16 = 1;
@@ -41,6 +43,8 @@ pub struct Tuple {
 pub struct Flow {
     pub original: Tuple,
     pub reply: Tuple,
+    /// A packet has come back in the reply direction (IPS_SEEN_REPLY).
+    pub replied: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -118,17 +122,22 @@ pub fn decode_flow(payload: &[u8]) -> Result<Option<Flow>, ParseError> {
     let Some(attrs) = payload.get(4..) else {
         return Ok(None);
     };
-    let (mut original, mut reply) = (None, None);
+    let (mut original, mut reply, mut status) = (None, None, 0);
     for a in Attrs::new(attrs) {
         let (k, p) = a?;
         match k {
             CTA_TUPLE_ORIG => original = parse_tuple(p)?,
             CTA_TUPLE_REPLY => reply = parse_tuple(p)?,
+            CTA_STATUS if p.len() == 4 => status = u32::from_be_bytes([p[0], p[1], p[2], p[3]]),
             _ => {}
         }
     }
     Ok(match (original, reply) {
-        (Some(original), Some(reply)) => Some(Flow { original, reply }),
+        (Some(original), Some(reply)) => Some(Flow {
+            original,
+            reply,
+            replied: status & IPS_SEEN_REPLY != 0,
+        }),
         _ => None,
     })
 }

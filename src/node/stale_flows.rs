@@ -106,15 +106,18 @@ fn all_destinations(state: &ClusterState, config: &NodeConfig) -> BTreeSet<(u8, 
     out
 }
 
-/// The flows to a Service destination that were never DNATed: their reply
-/// would come from the destination itself. Every flow our rules let through
-/// to a Service is DNATed to an endpoint, and the rules drop or reject the
-/// others before conntrack keeps them, so only a gap in the rules leaves these.
+/// The flows to a Service destination that were never DNATed, and that
+/// nothing has answered: their reply would come from the destination itself.
+/// Every flow our rules let through to a Service is DNATed to an endpoint, and
+/// the rules drop or reject the others before conntrack keeps them, so only a
+/// gap in the rules leaves these. One that was answered is left alone: someone
+/// serves it, and only what has no other way out is ours to forget.
 pub fn unnated<'a>(flows: &'a [Flow], dests: &BTreeSet<(u8, Addr)>) -> Vec<&'a Flow> {
     flows
         .iter()
         .filter(|f| {
-            (f.reply.src, f.reply.sport) == (f.original.dst, f.original.dport)
+            !f.replied
+                && (f.reply.src, f.reply.sport) == (f.original.dst, f.original.dport)
                 && dests.contains(&(f.original.proto, (f.original.dst, f.original.dport)))
         })
         .collect()
@@ -282,6 +285,7 @@ mod tests {
                 sport,
                 dport: 40000,
             },
+            replied: false,
         }
     }
 
@@ -399,6 +403,10 @@ mod tests {
             flow("10.96.0.10", 80, "10.96.0.10", 80),  // UDP to a TCP port
             tcp("10.96.0.10", 22, "10.96.0.10", 22),   // not a Service port
             tcp("192.0.2.1", 80, "192.0.2.1", 80),     // not a Service address
+            Flow {
+                replied: true, // answered by whoever holds the address
+                ..tcp("10.96.0.10", 80, "10.96.0.10", 80)
+            },
         ];
         assert_eq!(unnated(&flows, &dests), vec![&flows[1], &flows[2]]);
     }
