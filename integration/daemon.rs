@@ -617,7 +617,7 @@ fn cleanup_kube_proxy_removes_its_leftovers_in_one_transaction_while_kube_nft_se
 }
 
 #[test]
-fn cleanup_kube_proxy_removes_its_ipvs_mode_s_ipsets_after_the_rules_that_use_them() {
+fn cleanup_kube_proxy_removes_its_ipvs_ipsets_after_the_rules_that_use_them() {
     let (c, _d) = web_served("kpipset");
     kube_proxy_ipvs::write(c.node(), &c.scratch, "10.96.0.10", 80, "10.244.0.11", 9376);
     // Someone else's set, used by their rule; and one of kube-proxy's names
