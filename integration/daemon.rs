@@ -62,7 +62,8 @@ fn drift_is_repaired_from_nftables_notifications() {
         println!("{what}: repaired after {repaired:?}, traffic flowing {flowing:?} later");
         assert!(
             repaired < Duration::from_secs(1),
-            "{what}: repair took {repaired:?}"
+            "{what}: repair took {repaired:?}\n{}",
+            d.log_text()
         );
     }
     let t = tally(c.client(), "10.96.0.10:80", 30, false);

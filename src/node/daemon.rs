@@ -512,6 +512,10 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 metrics.drift_seen(change);
                 engine.request_full_sync();
                 rules_had_gap = true;
+                // A sync refused while someone else changed our tables (a
+                // flush between its read-back and its commit) may pass now:
+                // the repair does not wait out the backoff.
+                retry_at = None;
             }
             Event::Terminate(signal) => {
                 tracing::info!("{signal}: stopping; the rules stay in place and keep serving");
