@@ -569,29 +569,32 @@ fn a_dual_stack_service_is_served_by_ipvs_in_both_families() {
     );
 }
 
-#[test]
-#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
-fn the_lab_runs_on_the_ipvs_backend() {
-    require_root();
-    let prefix = unique("ipvslab");
-    let out = Command::new(BIN)
-        .args([
-            "lab",
-            "--backend",
-            "ipvs",
-            "--requests",
-            "12",
-            "--prefix",
-            &prefix,
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+/// `kube-nft ARGS` in this namespace, which must succeed: what it printed.
+fn kube_nft_succeeds(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+#[test]
+#[ignore = "needs a kernel with IPVS: integration/vm/run.sh runs it"]
+fn the_lab_runs_on_the_ipvs_backend() {
+    require_root();
+    let prefix = unique("ipvslab");
+    let text = kube_nft_succeeds(&[
+        "lab",
+        "--backend",
+        "ipvs",
+        "--requests",
+        "12",
+        "--prefix",
+        &prefix,
+    ]);
     assert!(text.contains("lab passed: every pod answered"), "{text}");
     assert!(text.contains("proxy: IPVS: "), "{text}");
     assert!(text.contains("TCP  10.0.1.175:80 rr"), "{text}");
@@ -715,24 +718,15 @@ fn from_kube_proxy_s_ipvs_mode_to_kube_nft_s_nftables_mode_ipvs_goes_too_and_the
 fn the_ipvs_bench_runs_and_its_restart_writes_nothing() {
     require_root();
     let prefix = unique("ipvsbench");
-    let out = Command::new(BIN)
-        .args([
-            "bench-ipvs",
-            "--sizes",
-            "50",
-            "--runs",
-            "1",
-            "--prefix",
-            &prefix,
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = kube_nft_succeeds(&[
+        "bench-ipvs",
+        "--sizes",
+        "50",
+        "--runs",
+        "1",
+        "--prefix",
+        &prefix,
+    ]);
     let row = text
         .lines()
         .find(|l| l.starts_with("| 50 × 10 |"))

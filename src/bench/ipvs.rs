@@ -17,15 +17,12 @@
 //!   acknowledgement: an endpoint replaced, an endpoint removed, a Service
 //!   added, a Service deleted.
 
-use super::{fmt_ms, incremental_changes, median, node_config, run_child};
+use super::{fmt_ms, incremental_changes, median, node_config, run_child, timed_in};
 use crate::core::node_config::ModeName;
 use crate::nft::translate::translate;
 use crate::testbed::netns::{in_netns, Netns};
 use crate::testbed::synthetic;
 use std::fmt::Write as _;
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
 
 pub struct IpvsBenchOptions {
     pub sizes: Vec<usize>,
@@ -52,30 +49,6 @@ struct Row {
     service_deleted: f64,
 }
 
-/// Runs `argv` in `ns` (through `ip netns exec`) with `stdin` from a file: its
-/// wall time in ms, start to exit, and what it printed.
-fn timed(ns: &str, argv: &[&str], stdin: Option<&Path>) -> Result<(f64, String), String> {
-    let input = match stdin {
-        Some(p) => Stdio::from(std::fs::File::open(p).map_err(|e| format!("{p:?}: {e}"))?),
-        None => Stdio::null(),
-    };
-    let start = Instant::now();
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(argv)
-        .stdin(input)
-        .output()
-        .map_err(|e| format!("running {argv:?}: {e}"))?;
-    let ms = start.elapsed().as_secs_f64() * 1000.0;
-    if !out.status.success() {
-        return Err(format!(
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok((ms, String::from_utf8_lossy(&out.stdout).into_owned()))
-}
-
 fn measure(opts: &IpvsBenchOptions, services: usize) -> Result<Row, String> {
     let runs = opts.runs.max(1);
     let e = opts.endpoints;
@@ -91,7 +64,7 @@ fn measure(opts: &IpvsBenchOptions, services: usize) -> Result<Row, String> {
         cold.push(run_child(&ns.name, services, all, ModeName::Ipvs)?);
         restart.push(run_child(&ns.name, services, all, ModeName::Ipvs)?);
         if r == 0 {
-            let (_, rules) = timed(&ns.name, &["ipvsadm", "-S", "-n"], None)?;
+            let (_, rules) = timed_in(&ns.name, &["ipvsadm", "-S", "-n"], None)?;
             let reals = rules.lines().filter(|l| l.starts_with("-a ")).count();
             if reals != all {
                 let virtuals = rules.lines().filter(|l| l.starts_with("-A ")).count();
@@ -121,10 +94,10 @@ fn measure(opts: &IpvsBenchOptions, services: usize) -> Result<Row, String> {
     let (mut ipvsadm, mut ip, mut nft) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
         let ns = Netns::create(&tag("tools", r)).map_err(|e| e.to_string())?;
-        ipvsadm.push(timed(&ns.name, &["ipvsadm", "-R"], Some(&saved))?.0);
+        ipvsadm.push(timed_in(&ns.name, &["ipvsadm", "-R"], Some(&saved))?.0);
         let batch = addresses.to_str().unwrap();
-        ip.push(timed(&ns.name, &["ip", "-batch", batch], None)?.0);
-        nft.push(timed(&ns.name, &["nft", "-f", table.to_str().unwrap()], None)?.0);
+        ip.push(timed_in(&ns.name, &["ip", "-batch", batch], None)?.0);
+        nft.push(timed_in(&ns.name, &["nft", "-f", table.to_str().unwrap()], None)?.0);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let tools: Vec<f64> = (0..runs).map(|r| ipvsadm[r] + ip[r] + nft[r]).collect();

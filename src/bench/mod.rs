@@ -170,24 +170,39 @@ fn run_child(
     })
 }
 
-/// Loads a file with `nft -f` inside a fresh namespace; returns the wall time in
-/// ms of the process, as `run_child` times ours.
-pub(crate) fn time_nft_file(tag: &str, path: &std::path::Path) -> Result<f64, String> {
-    let ns = Netns::create(tag).map_err(|e| e.to_string())?;
+/// Runs `argv` in `ns` (through `ip netns exec`) with `stdin` from a file: its
+/// wall time in ms, start to exit, as `run_child` times ours, and what it printed.
+pub(crate) fn timed_in(
+    ns: &str,
+    argv: &[&str],
+    stdin: Option<&std::path::Path>,
+) -> Result<(f64, String), String> {
+    let input = match stdin {
+        Some(p) => Stdio::from(std::fs::File::open(p).map_err(|e| format!("{p:?}: {e}"))?),
+        None => Stdio::null(),
+    };
     let start = Instant::now();
     let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name, "nft", "-f"])
-        .arg(path)
+        .args(["netns", "exec", ns])
+        .args(argv)
+        .stdin(input)
         .output()
-        .map_err(|e| format!("running nft: {e}"))?;
+        .map_err(|e| format!("running {argv:?}: {e}"))?;
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     if !out.status.success() {
         return Err(format!(
-            "nft -f failed: {}",
+            "{argv:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    Ok(ms)
+    Ok((ms, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// Loads a file with `nft -f` inside a fresh namespace; returns the wall time in
+/// ms of the process.
+pub(crate) fn time_nft_file(tag: &str, path: &std::path::Path) -> Result<f64, String> {
+    let ns = Netns::create(tag).map_err(|e| e.to_string())?;
+    Ok(timed_in(&ns.name, &["nft", "-f", path.to_str().unwrap()], None)?.0)
 }
 
 /// The dispatch of kube-proxy 1.36's nftables mode for the same Services,
