@@ -628,3 +628,72 @@ fn other_nft_versions_tables_beside_ours_break_neither_readback_nor_sync() {
     ];
     beside_ours("pfx", &writers, false);
 }
+
+/// The NAT hold's tables (`node::nat_hold`), owned by the socket that wrote
+/// them, list as `nft -f` writes the same text (listed within nft's own
+/// session, since its table goes when nft exits), read with the other nft
+/// versions too, pass a foreign `nft flush ruleset` by, and go with their socket.
+#[test]
+fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_away() {
+    use kube_nft::node::nat_hold::{NatHold, COMMENT, HOLD_CHAIN, HOLD_TABLE};
+    require_root();
+    let text: String = ["ip", "ip6"]
+        .iter()
+        .map(|family| {
+            format!(
+                "table {family} {HOLD_TABLE} {{\n\tflags owner\n\tcomment \"{COMMENT}\"\n\tchain {HOLD_CHAIN} {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t}}\n}}\n"
+            )
+        })
+        .collect();
+    // `# progname` names the owning process, which differs by design.
+    let owned = |listing: &str| -> String {
+        listing
+            .lines()
+            .map(|l| l.split(" # progname").next().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let theirs = Netns::create(&unique("holdnft")).unwrap();
+    let script = format!("{text}list ruleset\n");
+    let by_nft = Command::new("ip")
+        .args(["netns", "exec", &theirs.name, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(script.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(by_nft.status.success());
+    let by_nft = owned(&String::from_utf8_lossy(&by_nft.stdout));
+    assert!(by_nft.contains("flags owner"), "{by_nft}");
+
+    let ours = Netns::create(&unique("holdours")).unwrap();
+    let ns = ours.name.clone();
+    in_netns(&ours.name, move || {
+        let hold = NatHold::take().unwrap();
+        assert_eq!(hold.families.len(), 2);
+        let listed = exec_in(&ns, &["nft", "list", "ruleset"]);
+        assert_eq!(owned(&listed), by_nft, "our encoder against nft -f");
+        assert!(listed.contains("# progname "), "{listed}");
+        for suite in OTHER_NFTS {
+            let root = format!("/var/cache/kube-nft/chroots/{suite}");
+            let other = exec_in(&ns, &["chroot", &root, "nft", "list", "ruleset"]);
+            assert_eq!(
+                printed_alike(&owned(&other)),
+                printed_alike(&by_nft),
+                "{suite}'s nft"
+            );
+        }
+        exec_in(&ns, &["nft", "flush", "ruleset"]);
+        assert_eq!(
+            exec_in(&ns, &["nft", "list", "tables"]),
+            format!("table ip {HOLD_TABLE}\ntable ip6 {HOLD_TABLE}\n"),
+            "a flush of the ruleset passes the owned tables by"
+        );
+        drop(hold);
+        assert_eq!(exec_in(&ns, &["nft", "list", "tables"]), "");
+    })
+    .unwrap();
+}

@@ -541,7 +541,7 @@ fn a_churn_soak_at_1k_services_fails_no_connection_and_leaves_the_kernel_as_desi
         .collect();
     assert_eq!(udp_vips.len(), UDP_SERVICES);
     let stop = Arc::new(AtomicBool::new(false));
-    let tcp_client = keep_connecting(c.client(), &vip, stop.clone());
+    let tcp_client = keep_connecting(c.client(), &vip, Duration::from_secs(2), stop.clone());
     let udp_client = keep_asking(c.client(), udp_vips, stop.clone());
     let pid = daemon.pid();
     assert_eq!(
@@ -565,7 +565,8 @@ fn a_churn_soak_at_1k_services_fails_no_connection_and_leaves_the_kernel_as_desi
     std::thread::sleep(Duration::from_secs(2));
     let flows = udp_flows(c.node());
     stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = tcp_client.join().unwrap();
+    let load = tcp_client.join().unwrap();
+    let (answered, failed) = (load.times.len(), &load.failed);
     let udp_flows_seen = udp_client.join().unwrap();
     let samples = sampler.join().unwrap();
     let (asked, udp_answered) = udp_flows_seen
@@ -655,7 +656,7 @@ fn the_api_server_gone_for_minutes_changes_no_rule_and_the_node_keeps_serving() 
         answers(c.client(), &vip)
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let tcp_client = keep_connecting(c.client(), &vip, stop.clone());
+    let tcp_client = keep_connecting(c.client(), &vip, Duration::from_secs(2), stop.clone());
 
     let log_at_stop = daemon.log_text().len();
     // With its connections to the API server open.
@@ -699,7 +700,8 @@ fn the_api_server_gone_for_minutes_changes_no_rule_and_the_node_keeps_serving() 
     // left no descriptor behind.
     let (_, fds_after) = rss_and_fds(daemon.pid());
     stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = tcp_client.join().unwrap();
+    let load = tcp_client.join().unwrap();
+    let (answered, failed) = (load.times.len(), &load.failed);
     let samples = sampler.join().unwrap();
     let retries = daemon.log_text()[log_at_stop..]
         .matches("retrying with backoff")

@@ -308,6 +308,15 @@ pub fn nft_in(ns: &str, cmd: &str) {
     );
 }
 
+/// Whether the running kernel is `major.minor` or newer.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// The tables of a namespace as `nft list tables` names them ("inet firewalld").
 pub fn nft_tables(ns: &str) -> Vec<String> {
     exec_in(ns, &["nft", "list", "tables"])
@@ -526,7 +535,8 @@ pub fn serve_web_on_notifications_only(tag: &str) -> (Cluster, PathBuf, Daemon) 
     (c, manifests, d)
 }
 
-/// What a client opening a new connection to `target` every 20 ms saw.
+/// What a client opening a new connection to `target` every 20 ms saw
+/// (`keep_connecting`).
 pub struct Load {
     pub target: String,
     /// How long each answered request took.
@@ -574,29 +584,7 @@ pub fn under_load<T>(
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = targets
         .iter()
-        .map(|target| {
-            let (ns, stop) = (client.to_string(), stop.clone());
-            let (name, addr): (String, SocketAddr) = (target.to_string(), target.parse().unwrap());
-            std::thread::spawn(move || {
-                kube_nft::testbed::netns::in_netns(&ns, move || {
-                    let mut load = Load {
-                        target: name,
-                        times: Vec::new(),
-                        failed: Vec::new(),
-                    };
-                    while !stop.load(Ordering::Relaxed) {
-                        let started = std::time::Instant::now();
-                        match http_get(addr, Duration::from_secs(5)) {
-                            Ok(_) => load.times.push(started.elapsed()),
-                            Err(e) => load.failed.push((e.to_string(), started.elapsed())),
-                        }
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    load
-                })
-                .unwrap()
-            })
-        })
+        .map(|target| keep_connecting(client, target, Duration::from_secs(5), stop.clone()))
         .collect();
     std::thread::sleep(Duration::from_secs(1));
     let mut results = Vec::new();
@@ -652,25 +640,32 @@ pub fn serve_web_with_node_port(c: &Cluster) -> Daemon {
     d
 }
 
-/// A client in `ns` opening a new connection to `target` every 20 ms until
-/// `stop`: how many were answered, and the errors of those that were not.
+/// A client in `ns` opening a new connection to `target` every 20 ms, each
+/// given `timeout` to connect and to be answered, until `stop`: what it saw.
 pub fn keep_connecting(
     ns: &str,
     target: &str,
+    timeout: Duration,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<(usize, Vec<String>)> {
-    let (ns, target) = (ns.to_string(), target.parse().unwrap());
+) -> std::thread::JoinHandle<Load> {
+    let (ns, name) = (ns.to_string(), target.to_string());
+    let addr: SocketAddr = target.parse().unwrap();
     std::thread::spawn(move || {
         kube_nft::testbed::netns::in_netns(&ns, move || {
-            let (mut answered, mut failed) = (0, Vec::new());
+            let mut load = Load {
+                target: name,
+                times: Vec::new(),
+                failed: Vec::new(),
+            };
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match kube_nft::lab::hostname_server::http_get(target, Duration::from_secs(2)) {
-                    Ok(_) => answered += 1,
-                    Err(e) => failed.push(e.to_string()),
+                let started = std::time::Instant::now();
+                match http_get(addr, timeout) {
+                    Ok(_) => load.times.push(started.elapsed()),
+                    Err(e) => load.failed.push((e.to_string(), started.elapsed())),
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            (answered, failed)
+            load
         })
         .unwrap()
     })
@@ -682,19 +677,20 @@ pub fn keep_connecting(
 pub fn cleanup_kube_proxy_while_connecting(node: &str, client: &str, target: &str) -> String {
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let asking = keep_connecting(client, target, stop.clone());
+    let asking = keep_connecting(client, target, Duration::from_secs(2), stop.clone());
     std::thread::sleep(Duration::from_millis(300));
     let out = kube_nft_in(node, &["cleanup", "--kube-proxy"]);
     let log = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{log}");
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = asking.join().unwrap();
+    let load = asking.join().unwrap();
     assert!(
-        failed.is_empty(),
-        "failed while cleaning up: {failed:?}\n{log}"
+        load.failed.is_empty(),
+        "failed while cleaning up: {:?}\n{log}",
+        load.failed
     );
-    assert!(answered >= 10, "{answered} answered");
+    assert!(load.times.len() >= 10, "{}", load.summary());
     log
 }
 

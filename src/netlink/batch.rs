@@ -184,8 +184,20 @@ impl Batch {
     }
 
     pub fn add_table(&mut self, family: Family, name: &str, userdata: Option<&[u8]>) {
+        self.add_table_flagged(family, name, 0, userdata);
+    }
+
+    /// A table with `NFT_TABLE_F_*` flags (`TABLE_F_OWNER`).
+    pub fn add_table_flagged(
+        &mut self,
+        family: Family,
+        name: &str,
+        flags: u32,
+        userdata: Option<&[u8]>,
+    ) {
         let header = TableHeader {
             name: name.to_string(),
+            flags,
             userdata: userdata.map(<[u8]>::to_vec),
         };
         self.message(NEWTABLE, NLM_F_CREATE, family, |w| header.emit(w));
@@ -194,6 +206,7 @@ impl Batch {
     pub fn delete_table(&mut self, family: Family, name: &str) {
         let header = TableHeader {
             name: name.to_string(),
+            flags: 0,
             userdata: None,
         };
         self.message(DELTABLE, 0, family, |w| header.emit(w));

@@ -237,17 +237,24 @@ pub fn set_comment_of(udata: &Option<Vec<u8>>) -> Option<String> {
     udata_comment(udata, UDATA_SET_COMMENT)
 }
 
+/// `NFT_TABLE_F_OWNER`: the table belongs to the netlink socket that made it,
+/// which alone may change it; it goes when that socket closes, and a flush of
+/// the whole ruleset passes it by (5.12).
+pub const TABLE_F_OWNER: u32 = 0x2;
+
 /// A table's own attributes (its contents are dumped apart).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableHeader {
     pub name: String,
+    /// `NFT_TABLE_F_*`.
+    pub flags: u32,
     pub userdata: Option<Vec<u8>>,
 }
 
 impl TableHeader {
     pub fn emit(&self, w: &mut AttrWriter) {
         w.put_str(NFTA_TABLE_NAME, &self.name);
-        w.put_u32(NFTA_TABLE_FLAGS, 0);
+        w.put_u32(NFTA_TABLE_FLAGS, self.flags);
         if let Some(u) = &self.userdata {
             w.put(NFTA_TABLE_USERDATA, u);
         }
@@ -268,12 +275,14 @@ impl TableHeader {
     pub fn parse(buf: &[u8]) -> Result<TableHeader, ParseError> {
         let mut t = TableHeader {
             name: String::new(),
+            flags: 0,
             userdata: None,
         };
         for a in Attrs::new(buf) {
             let (k, p) = a?;
             match k {
                 NFTA_TABLE_NAME => t.name = Payload::new("table", k, p).string()?,
+                NFTA_TABLE_FLAGS => t.flags = Payload::new("table", k, p).u32()?,
                 NFTA_TABLE_USERDATA => t.userdata = Some(p.to_vec()),
                 _ => {}
             }

@@ -376,6 +376,16 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         probing.elapsed().as_secs_f64() * 1000.0
     );
 
+    // Held for the life of the process: the kernel deletes the tables when
+    // their socket closes.
+    let _nat_hold = match (!once).then(crate::node::nat_hold::NatHold::take) {
+        Some(Ok(hold)) => Some(hold),
+        Some(Err(e)) => {
+            tracing::warn!("nf_tables: the NAT hold: {e}");
+            None
+        }
+        None => None,
+    };
     let service_health = (!once).then(HealthServers::start);
     let mut flows = StaleFlowCleaner::default();
     let mut last_sync: Option<Instant> = None;
