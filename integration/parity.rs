@@ -630,44 +630,34 @@ fn other_nft_versions_tables_beside_ours_break_neither_readback_nor_sync() {
 }
 
 /// The NAT hold's tables (`node::nat_hold`), owned by the socket that wrote
-/// them, list as `nft -f` writes the same text (listed within nft's own
-/// session, since its table goes when nft exits), read with the other nft
-/// versions too, pass a foreign `nft flush ruleset` by, and go with their socket.
+/// them, list as `nft -f` writes the same text, but for the owner flag (a table
+/// `nft -f` owns goes when nft exits, and `list` within its own session shows
+/// no rules), read with the other nft versions too, pass a foreign
+/// `nft flush ruleset` by, keep conntrack tracking new flows when nothing else
+/// uses it, and go with their socket.
 #[test]
 fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_away() {
-    use kube_nft::node::nat_hold::{NatHold, COMMENT, HOLD_CHAIN, HOLD_TABLE};
+    use kube_nft::core::net::Family;
+    use kube_nft::node::nat_hold::{hold_table, NatHold, HOLD_TABLE};
     require_root();
-    let text: String = ["ip", "ip6"]
+    let text: String = Family::ALL
         .iter()
-        .map(|family| {
-            format!(
-                "table {family} {HOLD_TABLE} {{\n\tflags owner\n\tcomment \"{COMMENT}\"\n\tchain {HOLD_CHAIN} {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t}}\n}}\n"
-            )
-        })
+        .map(|f| text::table(&hold_table(*f)))
         .collect();
-    // `# progname` names the owning process, which differs by design.
+    // Ours without its owner: the flag's line, the owning process's name, and
+    // the blank line nft prints after a table's comment when it has flags.
     let owned = |listing: &str| -> String {
         listing
             .lines()
+            .filter(|l| l.trim() != "flags owner" && !l.is_empty())
             .map(|l| l.split(" # progname").next().unwrap())
             .collect::<Vec<_>>()
             .join("\n")
     };
     let theirs = Netns::create(&unique("holdnft")).unwrap();
-    let script = format!("{text}list ruleset\n");
-    let by_nft = Command::new("ip")
-        .args(["netns", "exec", &theirs.name, "nft", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child.stdin.take().unwrap().write_all(script.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    assert!(by_nft.status.success());
-    let by_nft = owned(&String::from_utf8_lossy(&by_nft.stdout));
-    assert!(by_nft.contains("flags owner"), "{by_nft}");
+    nft_load(&theirs.name, &text);
+    let by_nft = owned(&exec_in(&theirs.name, &["nft", "list", "ruleset"]));
+    assert_eq!(by_nft.matches("ct state new").count(), 2, "{by_nft}");
 
     let ours = Netns::create(&unique("holdours")).unwrap();
     let ns = ours.name.clone();
@@ -676,6 +666,7 @@ fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_
         assert_eq!(hold.families.len(), 2);
         let listed = exec_in(&ns, &["nft", "list", "ruleset"]);
         assert_eq!(owned(&listed), by_nft, "our encoder against nft -f");
+        assert_eq!(listed.matches("\n\tflags owner\n").count(), 2, "{listed}");
         assert!(listed.contains("# progname "), "{listed}");
         for suite in OTHER_NFTS {
             let root = format!("/var/cache/kube-nft/chroots/{suite}");
@@ -692,6 +683,20 @@ fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_
             format!("table ip {HOLD_TABLE}\ntable ip6 {HOLD_TABLE}\n"),
             "a flush of the ruleset passes the owned tables by"
         );
+        let delete = Command::new("nft")
+            .args(["delete", "table", "ip", HOLD_TABLE])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&delete.stderr).contains("Operation not permitted"),
+            "another process deleted an owned table: {delete:?}"
+        );
+        // With nothing else here, conntrack still tracks: a new flow is kept.
+        let count = || exec_in(&ns, &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"]);
+        assert_eq!(count().trim(), "0");
+        let probe = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        probe.send_to(b"?", "127.0.0.1:9").unwrap();
+        assert_eq!(count().trim(), "1", "conntrack stopped tracking");
         drop(hold);
         assert_eq!(exec_in(&ns, &["nft", "list", "tables"]), "");
     })

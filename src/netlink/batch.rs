@@ -557,7 +557,12 @@ pub fn replace_tables(b: &mut Batch, tables: &[KernelTable]) {
 /// chains, counters, sets with their elements, then rules (which may refer to
 /// all of them).
 pub fn write_table(b: &mut Batch, t: &KernelTable) {
-    b.add_table(t.family, &t.name, t.userdata.as_deref());
+    write_flagged_table(b, t, 0);
+}
+
+/// `write_table`, with the table's `NFT_TABLE_F_*` flags.
+pub fn write_flagged_table(b: &mut Batch, t: &KernelTable, flags: u32) {
+    b.add_table_flagged(t.family, &t.name, flags, t.userdata.as_deref());
     for c in &t.chains {
         b.add_chain(t.family, &t.name, c);
     }

@@ -21,7 +21,7 @@ use crate::node::healthcheck::{self, HealthServers};
 use crate::node::metrics::Metrics;
 use crate::node::metrics_server::MetricsServer;
 use crate::node::proxy_health::{node_eligible, ProxyHealth};
-use crate::node::stale_flows::{self, StaleFlowCleaner};
+use crate::node::stale_flows::StaleFlowCleaner;
 use crate::ruleset::TableId;
 use crate::source::files::{self, ManifestStore};
 use crate::source::store::ClusterStore;
@@ -411,7 +411,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     // Said once per different reason: NodePorts with no address to serve them on.
     let mut unserved: Option<String> = None;
     // Connections may have met no rules of ours: before the first sync, and
-    // when our tables changed outside kube-nft (stale_flows::forget_unnated).
+    // when our tables changed outside kube-nft (stale_flows::unnated).
     let mut rules_had_gap = true;
     loop {
         // Before the list, no Node object says nothing: over an earlier run's
@@ -463,11 +463,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     health.updated();
                     metrics.sync_succeeded(&r, store.state(), done);
                     metrics.programmed(&programmed_triggers(&mut store, &r), done);
-                    clean_flows(&mut flows, store.state(), &engine, &r, &metrics);
-                    if rules_had_gap && r.kind == SyncKind::Full {
-                        rules_had_gap = false;
-                        forget_unnated(store.state(), &engine, &metrics);
-                    }
+                    let after_gap = rules_had_gap && r.kind == SyncKind::Full;
+                    rules_had_gap &= !after_gap;
+                    clean_flows(&mut flows, store.state(), &engine, &r, after_gap, &metrics);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -547,43 +545,42 @@ fn programmed_triggers(store: &mut ClusterStore, r: &SyncReport) -> Vec<(Family,
     }
 }
 
+/// The conntrack cleanup after a sync (`StaleFlowCleaner::after_sync`).
+/// `after_gap`: the sync wrote our rules where they may have been missing, so
+/// the flows that met none of them go too, so that their next packet is
+/// balanced. IPVS serves Service addresses without our table, so it leaves no
+/// such gap.
 fn clean_flows(
     cleaner: &mut StaleFlowCleaner,
     state: &ClusterState,
     engine: &Engine,
     sync: &SyncReport,
+    after_gap: bool,
     metrics: &Metrics,
 ) {
-    match cleaner.after_sync(state, engine.config(), sync) {
+    let after_gap = after_gap && engine.config().mode == ProxyMode::Nftables;
+    match cleaner.after_sync(state, engine.config(), sync, after_gap) {
         Ok(None) => {}
         Ok(Some(cleaned)) => {
             metrics.conntrack_reconciled(cleaned.took, &cleaned.deleted);
-            if cleaned.total() > 0 {
-                tracing::info!("deleted {} stale UDP conntrack entries", cleaned.total());
+            tracing::debug!(
+                read = cleaned.read,
+                deleted = cleaned.total(),
+                took_ms = cleaned.took.as_secs_f64() * 1000.0,
+                "conntrack cleaned"
+            );
+            let stale = cleaned.total() - cleaned.unnated;
+            if stale > 0 {
+                tracing::info!("deleted {stale} stale UDP conntrack entries");
             }
-        }
-        Err(e) => tracing::warn!("cleaning stale UDP conntrack entries: {e}"),
-    }
-}
-
-/// After a sync that wrote our rules where they may have been missing: the
-/// flows that met none of them go, so that their next packet is balanced.
-/// IPVS serves Service addresses without our table, so it leaves no such gap.
-fn forget_unnated(state: &ClusterState, engine: &Engine, metrics: &Metrics) {
-    if engine.config().mode != ProxyMode::Nftables {
-        return;
-    }
-    match stale_flows::forget_unnated(state, engine.config()) {
-        Ok(cleaned) => {
-            metrics.conntrack_reconciled(cleaned.took, &cleaned.deleted);
-            if cleaned.total() > 0 {
+            if cleaned.unnated > 0 {
                 tracing::info!(
                     "deleted {} conntrack entries to Service addresses that met none of our rules",
-                    cleaned.total()
+                    cleaned.unnated
                 );
             }
         }
-        Err(e) => tracing::warn!("deleting conntrack entries that met none of our rules: {e}"),
+        Err(e) => tracing::warn!("cleaning conntrack entries: {e}"),
     }
 }
 

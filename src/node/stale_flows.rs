@@ -15,7 +15,8 @@
 //! repair, skip the NAT hook and meet the rules that reject a Service address's
 //! unknown ports. After the first sync and after each repair of drift, the
 //! flows to a Service destination that were never DNATed are deleted, so that
-//! the client's retransmission is load-balanced (`forget_unnated`).
+//! the client's retransmission is load-balanced (`unnated`). Both go in one
+//! read of conntrack (`StaleFlowCleaner::after_sync`).
 //!
 //! "Still serve" is kube-proxy's rule (`pkg/proxy/conntrack/cleanup.go`): every
 //! endpoint whose `serving` condition holds, whatever the traffic policy,
@@ -113,48 +114,25 @@ fn all_destinations(state: &ClusterState, config: &NodeConfig) -> BTreeSet<(u8, 
 /// gap in the rules leaves these. One that was answered is left alone: someone
 /// serves it, and only what has no other way out is ours to forget.
 pub fn unnated<'a>(flows: &'a [Flow], dests: &BTreeSet<(u8, Addr)>) -> Vec<&'a Flow> {
-    flows
-        .iter()
-        .filter(|f| {
-            !f.replied
-                && (f.reply.src, f.reply.sport) == (f.original.dst, f.original.dport)
-                && dests.contains(&(f.original.proto, (f.original.dst, f.original.dport)))
-        })
-        .collect()
+    flows.iter().filter(|f| is_unnated(f, dests)).collect()
 }
 
-/// Deletes the flows to Service destinations that were never DNATed (see
-/// `unnated`), of every protocol: run after a sync that wrote our rules where
-/// they were missing.
-pub fn forget_unnated(
-    state: &ClusterState,
-    config: &NodeConfig,
-) -> Result<Cleaned, ConntrackError> {
-    let start = Instant::now();
-    let dests = all_destinations(state, config);
-    let mut sock = ConntrackSocket::open()?;
-    let flows =
-        sock.flows(|f| dests.contains(&(f.original.proto, (f.original.dst, f.original.dport))))?;
-    let mut cleaned = Cleaned::empty(start);
-    for f in unnated(&flows, &dests) {
-        sock.delete(f)?;
-        cleaned.count(f);
-    }
-    cleaned.took = start.elapsed();
-    Ok(cleaned)
+fn is_unnated(f: &Flow, dests: &BTreeSet<(u8, Addr)>) -> bool {
+    !f.replied
+        && (f.reply.src, f.reply.sport) == (f.original.dst, f.original.dport)
+        && dests.contains(&(f.original.proto, (f.original.dst, f.original.dport)))
 }
 
 /// The flows to a checked destination whose reply does not come from one of the
 /// endpoints that destination may reach now.
 pub fn stale<'a>(flows: &'a [Flow], dests: &Destinations) -> Vec<&'a Flow> {
-    flows
-        .iter()
-        .filter(|f| {
-            dests
-                .get(&(f.original.dst, f.original.dport))
-                .is_some_and(|allowed| !allowed.contains(&(f.reply.src, f.reply.sport)))
-        })
-        .collect()
+    flows.iter().filter(|f| is_stale(f, dests)).collect()
+}
+
+fn is_stale(f: &Flow, dests: &Destinations) -> bool {
+    dests
+        .get(&(f.original.dst, f.original.dport))
+        .is_some_and(|allowed| !allowed.contains(&(f.reply.src, f.reply.sport)))
 }
 
 /// Runs the cleanup after syncs, over the Services each sync recomputed, and
@@ -171,6 +149,11 @@ pub struct Cleaned {
     pub took: Duration,
     /// Flows deleted, per family.
     pub deleted: Vec<(Family, usize)>,
+    /// Of those, the flows that met none of our rules (`unnated`); the others
+    /// were UDP flows whose endpoint went away.
+    pub unnated: usize,
+    /// The flows read: the entries of the namespace that either rule looks at.
+    pub read: usize,
 }
 
 impl Cleaned {
@@ -178,6 +161,8 @@ impl Cleaned {
         Cleaned {
             took: start.elapsed(),
             deleted: Family::ALL.iter().map(|f| (*f, 0)).collect(),
+            unnated: 0,
+            read: 0,
         }
     }
 
@@ -194,26 +179,44 @@ impl Cleaned {
 }
 
 impl StaleFlowCleaner {
-    /// What the cleanup did; `None` if no UDP destination changed, so conntrack
-    /// was not read.
+    /// What the cleanup did; `None` if there was nothing to look for, so
+    /// conntrack was not read. `after_gap`: our rules may have been missing
+    /// before this sync (the first sync, a repair of drift), so the flows that
+    /// met none of them go too, of every protocol (`unnated`). One read of
+    /// conntrack serves both.
     pub fn after_sync(
         &mut self,
         state: &ClusterState,
         config: &NodeConfig,
         sync: &SyncReport,
+        after_gap: bool,
     ) -> Result<Option<Cleaned>, ConntrackError> {
         let start = Instant::now();
         let (check, updates) = self.changes(state, config, sync);
-        if check.is_empty() {
+        let gap_dests = after_gap.then(|| all_destinations(state, config));
+        if check.is_empty() && gap_dests.is_none() {
             return Ok(None);
         }
         let mut sock = ConntrackSocket::open()?;
         let udp = Protocol::Udp.number();
-        let flows = sock.flows(|f| f.original.proto == udp)?;
+        // Only flows to a destination either rule looks at are kept: on a node
+        // with a full conntrack table, they are a few of many.
+        let flows = sock.flows(|f| {
+            let dest = (f.original.dst, f.original.dport);
+            (f.original.proto == udp && check.contains_key(&dest))
+                || gap_dests
+                    .as_ref()
+                    .is_some_and(|d| d.contains(&(f.original.proto, dest)))
+        })?;
         let mut cleaned = Cleaned::empty(start);
-        for f in stale(&flows, &check) {
-            sock.delete(f)?;
-            cleaned.count(f);
+        cleaned.read = flows.len();
+        for f in &flows {
+            let unnated = gap_dests.as_ref().is_some_and(|d| is_unnated(f, d));
+            if unnated || (f.original.proto == udp && is_stale(f, &check)) {
+                sock.delete(f)?;
+                cleaned.count(f);
+                cleaned.unnated += usize::from(unnated);
+            }
         }
         for (key, now) in updates {
             if now.is_empty() {
