@@ -634,7 +634,8 @@ fn other_nft_versions_tables_beside_ours_break_neither_readback_nor_sync() {
 /// `nft -f` owns goes when nft exits, and `list` within its own session shows
 /// no rules), read with the other nft versions too, pass a foreign
 /// `nft flush ruleset` by, keep conntrack tracking new flows when nothing else
-/// uses it, and go with their socket.
+/// uses it, go with their socket, and pass to a second holder that
+/// waited.
 #[test]
 fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_away() {
     use kube_nft::core::net::Family;
@@ -677,6 +678,12 @@ fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_
                 "{suite}'s nft"
             );
         }
+        // Another kube-nft here (one replacing another) waits for the tables,
+        // and takes them once the first lets go.
+        let mut second = NatHold::take().unwrap();
+        assert!(second.families.is_empty());
+        second.refresh();
+        assert!(second.families.is_empty());
         exec_in(&ns, &["nft", "flush", "ruleset"]);
         assert_eq!(
             exec_in(&ns, &["nft", "list", "tables"]),
@@ -699,6 +706,13 @@ fn parity_of_the_nat_hold_tables_which_a_flush_passes_by_and_their_socket_takes_
         assert_eq!(count().trim(), "1", "conntrack stopped tracking");
         drop(hold);
         assert_eq!(exec_in(&ns, &["nft", "list", "tables"]), "");
+        second.refresh();
+        assert_eq!(second.families, Family::ALL.to_vec());
+        assert_eq!(
+            exec_in(&ns, &["nft", "list", "tables"]),
+            format!("table ip {HOLD_TABLE}\ntable ip6 {HOLD_TABLE}\n")
+        );
+        drop(second);
     })
     .unwrap();
 }

@@ -378,7 +378,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
 
     // Held for the life of the process: the kernel deletes the tables when
     // their socket closes.
-    let _nat_hold = match (!once).then(crate::node::nat_hold::NatHold::take) {
+    let mut nat_hold = match (!once).then(crate::node::nat_hold::NatHold::take) {
         Some(Ok(hold)) => Some(hold),
         Some(Err(e)) => {
             tracing::warn!("nf_tables: the NAT hold: {e}");
@@ -431,6 +431,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         let now = Instant::now();
         if now >= next_tick {
             node_settings.apply(&mut engine, &store, true);
+            if let Some(hold) = &mut nat_hold {
+                hold.refresh();
+            }
             if now >= full_asked + full_period() {
                 engine.request_full_sync();
                 full_asked = now;

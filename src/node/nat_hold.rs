@@ -68,29 +68,68 @@ pub fn hold_batch(family: Family) -> Batch {
 
 /// The held tables; dropping this releases them.
 pub struct NatHold {
-    _owner: NftSocket,
+    owner: NftSocket,
+    /// The families whose table this socket owns.
     pub families: Vec<Family>,
+    /// The families whose table the kernel cannot make (before 5.12 it knows
+    /// no owner flag): not asked for again.
+    cannot: Vec<Family>,
+    /// Whether the warning that another process holds a table was given.
+    warned_held: bool,
 }
 
 impl NatHold {
     /// Writes the held tables from a socket of their own, in the calling
-    /// thread's namespace. A family whose table the kernel refuses (before
-    /// 5.12 it knows no owner flag) goes without, with a warning: kube-nft
-    /// serves as before, only a flush of the ruleset costs more.
+    /// thread's namespace. A kernel without the owner flag leaves kube-nft
+    /// serving as before, with a warning: only a flush of the ruleset costs
+    /// more. A table another process owns (another kube-nft in the same
+    /// namespace, as while one replaces another) is asked for again by
+    /// `refresh`, which the daemon calls every sync period.
     pub fn take() -> Result<NatHold, NftError> {
-        let mut sock = NftSocket::open()?;
-        let mut families = Vec::new();
+        let mut hold = NatHold {
+            owner: NftSocket::open()?,
+            families: Vec::new(),
+            cannot: Vec::new(),
+            warned_held: false,
+        };
+        hold.refresh();
+        Ok(hold)
+    }
+
+    /// Asks again for the tables not held yet.
+    pub fn refresh(&mut self) {
         for family in Family::ALL {
-            match sock.commit(hold_batch(family)) {
-                Ok(_) => families.push(family),
-                Err(e) => tracing::warn!(
-                    "a table owned by kube-nft could not be made ({e}; it needs kernel 5.12): {family:?} connections established through a Service will break if someone runs nft flush ruleset"
-                ),
+            if self.families.contains(&family) || self.cannot.contains(&family) {
+                continue;
+            }
+            match self.owner.commit(hold_batch(family)) {
+                Ok(_) => {
+                    if self.warned_held {
+                        tracing::info!("the NAT hold of {family:?} is ours now");
+                    }
+                    self.families.push(family);
+                }
+                Err(e) if held_by_another(&e) => {
+                    if !self.warned_held {
+                        tracing::warn!(
+                            "another process holds {HOLD_TABLE} ({e}): asking again every sync period"
+                        );
+                        self.warned_held = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "a table owned by kube-nft could not be made ({e}; it needs kernel 5.12): {family:?} connections established through a Service will break if someone runs nft flush ruleset"
+                    );
+                    self.cannot.push(family);
+                }
             }
         }
-        Ok(NatHold {
-            _owner: sock,
-            families,
-        })
     }
+}
+
+/// EPERM: the table exists and another socket owns it.
+fn held_by_another(e: &NftError) -> bool {
+    matches!(e, NftError::Refused { source, .. }
+        if source.raw_os_error() == Some(rustix::io::Errno::PERM.raw_os_error()))
 }
