@@ -481,7 +481,9 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
             .filter(|t| t.ends_with(" kube-nft-nat-hold"))
             .count()
     };
-    assert_eq!(holds(&nft_tables(c.node())), 2);
+    wait_until(Duration::from_secs(5), "the NAT hold", || {
+        holds(&nft_tables(c.node())) == 2
+    });
     let status = d.terminate();
     assert!(status.success(), "{status:?}\n{}", d.log_text());
     assert!(d.log_text().contains("SIGTERM"), "{}", d.log_text());

@@ -272,6 +272,9 @@ impl TableHeader {
         Ok(String::new())
     }
 
+    /// The flags are not read: every object message starts with its table's
+    /// name, and this also reads that name from messages whose second
+    /// attribute is something else.
     pub fn parse(buf: &[u8]) -> Result<TableHeader, ParseError> {
         let mut t = TableHeader {
             name: String::new(),
@@ -282,7 +285,6 @@ impl TableHeader {
             let (k, p) = a?;
             match k {
                 NFTA_TABLE_NAME => t.name = Payload::new("table", k, p).string()?,
-                NFTA_TABLE_FLAGS => t.flags = Payload::new("table", k, p).u32()?,
                 NFTA_TABLE_USERDATA => t.userdata = Some(p.to_vec()),
                 _ => {}
             }

@@ -20,6 +20,7 @@ use crate::netlink::route;
 use crate::node::healthcheck::{self, HealthServers};
 use crate::node::metrics::Metrics;
 use crate::node::metrics_server::MetricsServer;
+use crate::node::nat_hold::NatHold;
 use crate::node::proxy_health::{node_eligible, ProxyHealth};
 use crate::node::stale_flows::StaleFlowCleaner;
 use crate::ruleset::TableId;
@@ -376,16 +377,10 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         probing.elapsed().as_secs_f64() * 1000.0
     );
 
-    // Held for the life of the process: the kernel deletes the tables when
-    // their socket closes.
-    let mut nat_hold = match (!once).then(crate::node::nat_hold::NatHold::take) {
-        Some(Ok(hold)) => Some(hold),
-        Some(Err(e)) => {
-            tracing::warn!("nf_tables: the NAT hold: {e}");
-            None
-        }
-        None => None,
-    };
+    // Taken after the first sync (nothing is programmed before), and held for
+    // the life of the process: the kernel deletes its tables when their socket
+    // closes.
+    let mut nat_hold: Option<NatHold> = None;
     let service_health = (!once).then(HealthServers::start);
     let mut flows = StaleFlowCleaner::default();
     let mut last_sync: Option<Instant> = None;
@@ -466,6 +461,12 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     health.updated();
                     metrics.sync_succeeded(&r, store.state(), done);
                     metrics.programmed(&programmed_triggers(&mut store, &r), done);
+                    if !once && nat_hold.is_none() {
+                        match NatHold::take() {
+                            Ok(hold) => nat_hold = Some(hold),
+                            Err(e) => tracing::warn!("nf_tables: the NAT hold: {e}"),
+                        }
+                    }
                     let after_gap = rules_had_gap && r.kind == SyncKind::Full;
                     rules_had_gap &= !after_gap;
                     clean_flows(&mut flows, store.state(), &engine, &r, after_gap, &metrics);

@@ -14,8 +14,9 @@
 //! flush of the ruleset passes it by (kernel 5.12). One per family keeps both
 //! kinds of hooks: an empty nat chain, and a chain that nothing jumps to whose
 //! one rule matches on conntrack state. It acts on no packet, and lives as long
-//! as the daemon: when the process ends the kernel deletes it, while kube-nft's
-//! own tables stay and keep the hooks themselves.
+//! as the daemon, from its first sync (before it, kube-nft programs nothing):
+//! when the process ends the kernel deletes it, while kube-nft's own tables
+//! stay and keep the hooks themselves.
 
 use crate::core::net::Family;
 use crate::netlink::batch::{write_flagged_table, Batch};
