@@ -57,6 +57,7 @@ fn nftables() {
         let mut w = AttrWriter::new();
         TableHeader {
             name: name.into(),
+            flags: 0,
             userdata: table.userdata.clone(),
         }
         .emit(&mut w);
