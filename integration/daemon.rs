@@ -86,7 +86,9 @@ fn drift_is_repaired_from_nftables_notifications() {
 ///   ClusterIP, and failed: one a flush or two).
 /// - A connection to the NodePort whose SYN comes in the gap is refused by the
 ///   node itself at once (the NodePort is the node's own address, where nothing
-///   listens): one a flush or two, no more, and only then.
+///   listens): no more than a new connection every 20 ms can bring in each
+///   repair's time (one a flush or two, usually; 8 in 3 flushes repaired after
+///   ~250 ms on a loaded machine), and only then.
 /// - No established connection breaks: the flush passes kube-nft's owned NAT
 ///   hold by (`node::nat_hold`), so the kernel keeps translating them. Without
 ///   it, 5 of 34 runs under load broke one: a pod's answer came back in the gap
@@ -112,8 +114,13 @@ fn a_flushed_ruleset_under_load_fails_no_cluster_ip_connection_and_only_node_por
         if load.target == WEB_VIP {
             assert!(failed.is_empty(), "{}\n{}", load.summary(), d.log_text());
         } else {
+            // A SYN every 20 ms at most: a gap of g meets g / 20 ms + 1 of them.
+            let in_the_gaps: usize = repairs
+                .iter()
+                .map(|r| (r.as_millis() / 20) as usize + 1)
+                .sum();
             assert!(
-                failed.len() <= 2 * repairs.len() && failed.iter().all(in_the_gap),
+                failed.len() <= in_the_gaps && failed.iter().all(in_the_gap),
                 "{}\n{}",
                 load.summary(),
                 d.log_text()
