@@ -137,10 +137,7 @@ fn a_flushed_ruleset_under_load_fails_no_cluster_ip_connection_and_only_node_por
         repairs.iter().all(|r| *r < Duration::from_secs(1)),
         "{repairs:?}"
     );
-    let tables = nft_tables(c.node());
-    for hold in ["ip kube-nft-nat-hold", "ip6 kube-nft-nat-hold"] {
-        assert!(tables.iter().any(|t| t == hold), "{tables:?}");
-    }
+    assert_eq!(nat_holds(c.node()), 2, "{:?}", nft_tables(c.node()));
 }
 
 /// A connection to a ClusterIP whose SYN comes before kube-nft's first sync
@@ -482,21 +479,15 @@ fn sigterm_stops_the_daemon_and_leaves_the_rules_serving_until_cleanup() {
     wait_until(Duration::from_secs(10), "the VIP to answer", || {
         answers(c.client(), "10.96.0.10:80")
     });
-    let holds = |tables: &[String]| {
-        tables
-            .iter()
-            .filter(|t| t.ends_with(" kube-nft-nat-hold"))
-            .count()
-    };
     wait_until(Duration::from_secs(5), "the NAT hold", || {
-        holds(&nft_tables(c.node())) == 2
+        nat_holds(c.node()) == 2
     });
     let status = d.terminate();
     assert!(status.success(), "{status:?}\n{}", d.log_text());
     assert!(d.log_text().contains("SIGTERM"), "{}", d.log_text());
     // The NAT hold went with the process's socket; our tables hold the hooks.
     let tables = nft_tables(c.node());
-    assert_eq!(holds(&tables), 0, "{tables:?}");
+    assert_eq!(nat_holds(c.node()), 0, "{tables:?}");
     assert!(tables.iter().any(|t| t == "ip kube-nft"), "{tables:?}");
     let t = tally(c.client(), "10.96.0.10:80", 10, false);
     assert!(

@@ -575,6 +575,106 @@ fn session_affinity_keeps_a_client_on_one_live_endpoint_until_the_timeout() {
     assert!(seen.len() > 1, "the affinity never expired: {seen:?}");
 }
 
+/// The timeout (seconds left) of each conntrack entry of `proto` to `vip` in
+/// the node: the third field of `conntrack -L`.
+fn conntrack_timeouts(c: &Cluster, proto: &str, vip: &str) -> Vec<u32> {
+    let listed = exec_in(
+        c.node(),
+        &["conntrack", "-L", "-p", proto, "--orig-dst", vip],
+    );
+    listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_services_own_conntrack_timeouts_govern_its_flows_and_no_others() {
+    let c = Cluster::new("cttime", &PODS, &[9376]);
+    let ports = "[{name: http, port: 80, targetPort: 9376, nodePort: 30081}, {name: dns, protocol: UDP, port: 53, targetPort: 9376, nodePort: 30054}]";
+    let own = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: short\n  namespace: default\n  annotations: {{kube-nft.io/conntrack-udp-timeout: 3s, kube-nft.io/conntrack-tcp-established-timeout: 2h}}\nspec:\n  type: NodePort\n  clusterIP: 10.96.5.21\n  ports: {ports}\n"
+    );
+    let plain = svc(
+        "plain",
+        "  clusterIP: 10.96.5.22\n  ports: [{name: http, port: 80, targetPort: 9376}, {name: dns, protocol: UDP, port: 53, targetPort: 9376}]",
+        "",
+    );
+    let manifests = node_object("zone-a")
+        + &own
+        + &eps("short", &[ep("10.244.1.10", NODE, "")])
+        + &plain
+        + &eps("plain", &[ep("10.244.1.11", NODE, "")]);
+    c.apply_with(&manifests, &node_flag());
+
+    // UDP through the ClusterIP and the NodePort, and through the other
+    // Service: only the first two flows take the Service's 3 s.
+    for target in ["10.96.5.21:53", node_port(30054).as_str(), "10.96.5.22:53"] {
+        let t = tally(c.client(), target, 1, true);
+        assert!(t.errors.is_empty(), "{target}: {:?}", t.errors);
+    }
+    let short = conntrack_timeouts(&c, "udp", "10.96.5.21");
+    let through_node_port = conntrack_timeouts(&c, "udp", UPLINK_V4);
+    let plain = conntrack_timeouts(&c, "udp", "10.96.5.22");
+    assert!(
+        matches!(short[..], [t] if t <= 3),
+        "the Service's flow: {short:?}"
+    );
+    assert!(
+        matches!(through_node_port[..], [t] if t <= 3),
+        "through its NodePort: {through_node_port:?}"
+    );
+    // The node's: 30 s for a flow just answered.
+    assert!(
+        matches!(plain[..], [t] if t > 10),
+        "another Service's flow: {plain:?}"
+    );
+    // And they expire on it, while the other Service's flow stays.
+    std::thread::sleep(Duration::from_millis(3500));
+    assert_eq!(
+        conntrack_timeouts(&c, "udp", "10.96.5.21"),
+        Vec::<u32>::new()
+    );
+    assert_eq!(conntrack_timeouts(&c, "udp", UPLINK_V4), Vec::<u32>::new());
+    assert_eq!(conntrack_timeouts(&c, "udp", "10.96.5.22").len(), 1);
+
+    // An established TCP connection (the pod waits 20 s for its request):
+    // 2 h idle for the Service's, the node's 5 days for the other's.
+    let hold = |vip: &str| {
+        let to: SocketAddr = vip.parse().unwrap();
+        kube_nft::testbed::netns::in_netns(c.client(), move || {
+            TcpStream::connect_timeout(&to, Duration::from_secs(3))
+        })
+        .unwrap()
+        .unwrap()
+    };
+    let (_a, _b) = (hold("10.96.5.21:80"), hold("10.96.5.22:80"));
+    let short = conntrack_timeouts(&c, "tcp", "10.96.5.21");
+    let plain = conntrack_timeouts(&c, "tcp", "10.96.5.22");
+    assert!(
+        matches!(short[..], [t] if (7100..=7200).contains(&t)),
+        "the Service's connection: {short:?}"
+    );
+    assert!(
+        matches!(plain[..], [t] if t > 7200),
+        "another Service's: {plain:?}"
+    );
+
+    // A bad value is skipped, with its reason, and the Service still served.
+    let bad = manifests.replace("conntrack-udp-timeout: 3s", "conntrack-udp-timeout: soon");
+    let out = c.apply_with(&bad, &node_flag());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("conntrack-udp-timeout") && log.contains("soon"),
+        "{log}"
+    );
+    let t = tally(c.client(), "10.96.5.21:53", 1, true);
+    assert!(t.errors.is_empty(), "{:?}", t.errors);
+    let short = conntrack_timeouts(&c, "udp", "10.96.5.21");
+    assert!(matches!(short[..], [t] if t > 10), "{short:?}");
+    assert!(!nft_list(c.node()).contains("unreplied-3s"));
+}
+
 #[test]
 fn sctp_cluster_ip_and_node_port_are_natted_to_every_endpoint_with_valid_checksums() {
     assert_eq!(sctp::crc32c(b"123456789"), 0xE306_9283, "RFC check value");

@@ -198,10 +198,7 @@ fn changes_go_out_service_by_service_and_a_restart_writes_nothing() {
     let log = daemon.log_text();
     // The NAT hold needs the owner flag of kernel 5.12: the 5.10 guest runs
     // without it and says so; the 6.1 guest holds it.
-    let held = nft_tables(c.node())
-        .iter()
-        .filter(|t| t.ends_with(" kube-nft-nat-hold"))
-        .count();
+    let held = nat_holds(c.node());
     let warned = log.contains("it needs kernel 5.12");
     let expected = if kernel_at_least(5, 12) {
         (2, false)

@@ -111,8 +111,10 @@ fn manifests() -> String {
 }
 
 /// This node, and Services reachable from outside it: NodePorts, external IPs, a
-/// load balancer with source ranges, and both traffic policies with and without
-/// local endpoints (the `external-`, `local-` and `firewall-` chain shapes).
+/// load balancer with source ranges, both traffic policies with and without
+/// local endpoints (the `external-`, `local-` and `firewall-` chain shapes), and
+/// a Service's own conntrack timeouts (`ct timeout` objects and `timeout-`
+/// chains, before shared pick chains and before affinity cascades).
 const EXTERNAL: &str = r#"
 ---
 apiVersion: v1
@@ -136,6 +138,46 @@ metadata: {name: np-a, namespace: default, labels: {kubernetes.io/service-name: 
 addressType: IPv4
 ports: [{name: http, port: 8080}, {name: dns, protocol: UDP, port: 53}]
 endpoints: [{addresses: [10.244.6.1], nodeName: node-a}, {addresses: [10.244.6.2], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: timed
+  namespace: default
+  annotations: {kube-nft.io/conntrack-udp-timeout: 5s, kube-nft.io/conntrack-tcp-established-timeout: 24h}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.5
+  clusterIPs: [10.96.1.5, "fd00:10:96::1:5"]
+  externalIPs: [198.51.100.10]
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30085}, {name: dns, protocol: UDP, port: 53, nodePort: 30055}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: timed-a, namespace: default, labels: {kubernetes.io/service-name: timed}}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: dns, protocol: UDP, port: 53}]
+endpoints: [{addresses: [10.244.6.5], nodeName: node-a}, {addresses: [10.244.6.6], nodeName: node-b}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: timed-sticky
+  namespace: default
+  annotations: {kube-nft.io/conntrack-udp-timeout: 1m30s}
+spec:
+  type: NodePort
+  clusterIP: 10.96.1.6
+  sessionAffinity: ClientIP
+  ports: [{name: dns, protocol: UDP, port: 53, nodePort: 30056}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: timed-sticky-a, namespace: default, labels: {kubernetes.io/service-name: timed-sticky}}
+addressType: IPv4
+ports: [{name: dns, protocol: UDP, port: 53}]
+endpoints: [{addresses: [10.244.6.7], nodeName: node-a}, {addresses: [10.244.6.8], nodeName: node-b}]
 ---
 apiVersion: v1
 kind: Service
@@ -560,8 +602,9 @@ fn older_and_newer_nft_read_what_we_program() {
 }
 
 /// A listing's words with the differences in how nft versions print the same
-/// ruleset undone: 1.1 names output hooks' priorities (`dstnat + 1` for -99)
-/// and wraps long element lists over lines; 0.9.8 prints a mapped DNAT as
+/// ruleset undone: 1.1 names output hooks' priorities (`dstnat + 1` for -99),
+/// wraps long element lists over lines and prints a timeout policy's seconds
+/// as durations (`established : 1d`); 0.9.8 prints a mapped DNAT as
 /// `dnat ip addr . port to`.
 fn printed_alike(listing: &str) -> Vec<String> {
     let words: Vec<&str> = listing.split_whitespace().collect();
@@ -596,6 +639,14 @@ fn printed_alike(listing: &str) -> Vec<String> {
                 continue;
             }
         }
+        if i > 0 && words[i - 1] == ":" {
+            if let Some(seconds) = duration_seconds(w.trim_end_matches(',')) {
+                let comma = if w.ends_with(',') { "," } else { "" };
+                out.push(format!("{seconds}{comma}"));
+                i += 1;
+                continue;
+            }
+        }
         if w == "dnat" && words.get(i + 2..i + 5) == Some(&["addr", ".", "port"][..]) {
             out.push(w.to_string());
             out.push(words[i + 1].to_string());
@@ -606,6 +657,26 @@ fn printed_alike(listing: &str) -> Vec<String> {
         i += 1;
     }
     out
+}
+
+/// `1d`, `1m30s` or `5s` in seconds; `None` for any other word.
+fn duration_seconds(w: &str) -> Option<u64> {
+    let (mut total, mut number) = (0, None::<u64>);
+    for c in w.chars() {
+        if let Some(d) = c.to_digit(10) {
+            number = Some(number.unwrap_or(0) * 10 + u64::from(d));
+            continue;
+        }
+        let unit = match c {
+            'd' => 86400,
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        total += number.take()? * unit;
+    }
+    (number.is_none() && total > 0).then_some(total)
 }
 
 /// Tables that the nft of Debian 11, 12 (the host's) and 13 write beside ours

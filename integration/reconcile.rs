@@ -227,6 +227,14 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             })
         })
     };
+    let timeouts = |i: usize, tcp: Option<u32>| -> Box<dyn Fn(&mut Proxy)> {
+        Box::new(move |p| {
+            p.update(&service_key(i), |s| {
+                let svc = s.services.get_mut(&service_key(i)).unwrap();
+                svc.conntrack_timeouts.tcp_established = tcp;
+            })
+        })
+    };
     let steps: Vec<Step> = vec![
         ("add an endpoint", endpoints(3, &[0, 1, 2, 3, 9])),
         ("remove a middle endpoint", endpoints(4, &[0, 2, 3, 4])),
@@ -289,9 +297,22 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             }),
         ),
         (
+            "its own conntrack timeout (a ct timeout object, timeout- chains before the others)",
+            timeouts(9, Some(3600)),
+        ),
+        (
+            "a new timeout (a new object, the old one deleted once no rule names it)",
+            timeouts(9, Some(60)),
+        ),
+        (
             "it loses every endpoint (chains that jump to each other go together)",
             endpoints(9, &[]),
         ),
+        (
+            "a conntrack timeout on a ClusterIP",
+            timeouts(3, Some(7200)),
+        ),
+        ("and off again", timeouts(3, None)),
     ];
     for (what, step) in steps {
         step(p);

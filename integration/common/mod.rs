@@ -326,6 +326,14 @@ pub fn nft_tables(ns: &str) -> Vec<String> {
         .collect()
 }
 
+/// How many NAT hold tables (`node::nat_hold`, one per family) a namespace has.
+pub fn nat_holds(ns: &str) -> usize {
+    nft_tables(ns)
+        .iter()
+        .filter(|t| t.ends_with(" kube-nft-nat-hold"))
+        .count()
+}
+
 /// `nft list ruleset` in a namespace.
 pub fn nft_list(ns: &str) -> String {
     let out = Command::new("ip")

@@ -343,6 +343,15 @@ pub fn convert_service(
             )
         })?;
     }
+    let conntrack_timeouts = ConntrackTimeouts {
+        tcp_established: conntrack_timeout(
+            &object,
+            svc,
+            CONNTRACK_TCP_ESTABLISHED_TIMEOUT_ANNOTATION,
+            skipped,
+        ),
+        udp: conntrack_timeout(&object, svc, CONNTRACK_UDP_TIMEOUT_ANNOTATION, skipped),
+    };
     let mut svc = Service {
         key,
         cluster_ips: exact(cluster_ips),
@@ -355,10 +364,43 @@ pub fn convert_service(
         health_check_node_port,
         affinity_timeout,
         ipvs_scheduler,
+        conntrack_timeouts,
     };
     // The external policy only means something where there is external traffic.
     svc.external_policy_local = external_local && svc.externally_accessible();
     Ok(Converted::Valid(svc))
+}
+
+/// A conntrack timeout annotation in whole seconds; one that is not a duration
+/// of 1 s to `MAX_CONNTRACK_TIMEOUT` is skipped (the node's timeouts apply).
+fn conntrack_timeout(
+    object: &str,
+    svc: &core::Service,
+    annotation: &str,
+    skipped: &mut Vec<Rejected>,
+) -> Option<u32> {
+    let value = svc.metadata.annotations.as_ref()?.get(annotation)?;
+    let seconds = crate::core::duration::parse_duration(value)
+        .map(|d| d.as_secs())
+        .and_then(|s| {
+            u32::try_from(s)
+                .ok()
+                .filter(|s| (1..=MAX_CONNTRACK_TIMEOUT).contains(s))
+                .ok_or_else(|| {
+                    format!(
+                        "{value:?} is not between 1s and {}h",
+                        MAX_CONNTRACK_TIMEOUT / 3600
+                    )
+                })
+        });
+    match seconds {
+        Ok(s) => Some(s),
+        Err(why) => {
+            let field = format!("metadata.annotations[{annotation}]");
+            skipped.push(reject(object, field, why));
+            None
+        }
+    }
 }
 
 /// The vector without its spare room: a model holds 100k Services, whose
@@ -815,6 +857,44 @@ spec:
         };
         assert!(svc.source_ranges.is_empty());
         assert_eq!(skipped.len(), 3, "{skipped:?}");
+    }
+
+    #[test]
+    fn conntrack_timeout_annotations_take_go_durations_and_skip_a_bad_one_alone() {
+        let annotated = |udp: &str, tcp: &str| {
+            WEB.replace(
+                "metadata: {name: web, namespace: default}",
+                &format!("metadata: {{name: web, namespace: default, annotations: {{{CONNTRACK_UDP_TIMEOUT_ANNOTATION}: '{udp}', {CONNTRACK_TCP_ESTABLISHED_TIMEOUT_ANNOTATION}: '{tcp}'}}}}"),
+            )
+        };
+        let convert = |yaml: &str| {
+            let mut skipped = Vec::new();
+            let Ok(Converted::Valid(svc)) = convert_service(&service(yaml), &mut skipped) else {
+                panic!("the Service is kept");
+            };
+            let said: Vec<String> = skipped.iter().map(|r| r.to_string()).collect();
+            (svc.conntrack_timeouts, said)
+        };
+        let (t, said) = convert(&annotated("5s", "24h"));
+        assert_eq!((t.udp, t.tcp_established), (Some(5), Some(86400)));
+        assert!(said.is_empty(), "{said:?}");
+        // Whole seconds, as the kernel keeps them.
+        let (t, _) = convert(&annotated("1m30.9s", "1h"));
+        assert_eq!((t.udp, t.tcp_established), (Some(90), Some(3600)));
+        for bad in ["soon", "0s", "500ms", "721h", "-5s"] {
+            let (t, said) = convert(&annotated(bad, "2h"));
+            assert_eq!((t.udp, t.tcp_established), (None, Some(7200)), "{bad}");
+            assert_eq!(said.len(), 1, "{bad}: {said:?}");
+            assert!(
+                said[0].starts_with(&format!(
+                    "Service default/web: metadata.annotations[{CONNTRACK_UDP_TIMEOUT_ANNOTATION}]: "
+                )),
+                "{said:?}"
+            );
+        }
+        let (t, said) = convert(WEB);
+        assert_eq!(t, ConntrackTimeouts::default());
+        assert!(said.is_empty());
     }
 
     #[test]

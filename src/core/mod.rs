@@ -4,6 +4,7 @@
 //! and every dataplane reads it; it knows neither.
 
 pub mod convert;
+pub mod duration;
 pub mod endpoint_key;
 pub mod model;
 pub mod net;

@@ -91,7 +91,30 @@ pub struct Service {
     pub affinity_timeout: Option<u32>,
     /// The `kube-nft.io/ipvs-scheduler` annotation (IPVS backend only).
     pub ipvs_scheduler: Option<String>,
+    /// Its flows' own conntrack timeouts (`kube-nft.io/conntrack-*-timeout`;
+    /// nftables backend only).
+    pub conntrack_timeouts: ConntrackTimeouts,
 }
+
+/// A Service's own conntrack timeouts, in seconds; `None` keeps the node's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ConntrackTimeouts {
+    /// `kube-nft.io/conntrack-tcp-established-timeout`: an established TCP
+    /// connection's idle timeout.
+    pub tcp_established: Option<u32>,
+    /// `kube-nft.io/conntrack-udp-timeout`: a UDP flow's idle timeout, replied
+    /// to or not.
+    pub udp: Option<u32>,
+}
+
+/// The annotations that set `ConntrackTimeouts`, as Go durations (`5s`, `24h`).
+pub const CONNTRACK_TCP_ESTABLISHED_TIMEOUT_ANNOTATION: &str =
+    "kube-nft.io/conntrack-tcp-established-timeout";
+pub const CONNTRACK_UDP_TIMEOUT_ANNOTATION: &str = "kube-nft.io/conntrack-udp-timeout";
+
+/// The longest conntrack timeout a Service may set: the kernel keeps timeouts in
+/// jiffies of 32 bits, which at 1000 Hz overflow after 49 days.
+pub const MAX_CONNTRACK_TIMEOUT: u32 = 30 * 86400;
 
 /// Picks this Service's IPVS scheduler over `--ipvs-scheduler`.
 pub const IPVS_SCHEDULER_ANNOTATION: &str = "kube-nft.io/ipvs-scheduler";

@@ -9,8 +9,8 @@ use super::message::{
     finish_msg, put_nlmsghdr, split_messages, NlMsg, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_REQUEST,
 };
 use super::objects::{
-    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, TableHeader,
-    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable, ObjectKind,
+    TableHeader, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
 };
 use crate::core::net::Family;
 use crate::ruleset::TableId;
@@ -284,15 +284,17 @@ impl Batch {
         self.message(NEWSET, NLM_F_CREATE, family, |w| set.emit(table, id, w));
     }
 
-    /// Creates a named counter at zero; one that exists already keeps its values
-    /// (the kernel treats a second create without `NLM_F_EXCL` as done).
-    pub fn add_counter(&mut self, family: Family, table: &str, counter: &KernelCounter) {
-        self.message(NEWOBJ, NLM_F_CREATE, family, |w| counter.emit(table, w));
+    /// Creates a named object; a counter starts at zero, and one that exists
+    /// already keeps its values (the kernel treats a second create without
+    /// `NLM_F_EXCL` as done).
+    pub fn add_object(&mut self, family: Family, table: &str, object: &KernelObject) {
+        self.message(NEWOBJ, NLM_F_CREATE, family, |w| object.emit(table, w));
     }
 
-    pub fn delete_counter(&mut self, family: Family, table: &str, name: &str) {
+    /// Deletes the object of that type (`ObjectKind::type_id`) and name.
+    pub fn delete_object(&mut self, family: Family, table: &str, type_id: u32, name: &str) {
         self.message(DELOBJ, 0, family, |w| {
-            KernelCounter::emit_name(table, name, w)
+            KernelObject::emit_name(table, type_id, name, w)
         });
     }
 
@@ -483,11 +485,9 @@ fn describe_message(m: &NlMsg) -> Option<String> {
             .flatten()
             .map(|s| s.name)
     };
-    let counter = || {
-        KernelCounter::parse(body, &table)
-            .ok()
-            .flatten()
-            .map(|c| c.counter.name)
+    let object = || {
+        let o = KernelObject::parse(body, &table).ok().flatten()?.object;
+        Some((ObjectKind::keyword(o.kind.type_id()), o.name))
     };
     let elements = || {
         let set = KernelElement::list_set(body).ok().flatten()?;
@@ -519,8 +519,14 @@ fn describe_message(m: &NlMsg) -> Option<String> {
         }
         NEWSET => format!("add set {fam} {table} {}", set()?),
         DELSET => format!("delete set {fam} {table} {}", set()?),
-        NEWOBJ => format!("add counter {fam} {table} {}", counter()?),
-        DELOBJ => format!("delete counter {fam} {table} {}", counter()?),
+        NEWOBJ => {
+            let (kind, name) = object()?;
+            format!("add {kind} {fam} {table} {name}")
+        }
+        DELOBJ => {
+            let (kind, name) = object()?;
+            format!("delete {kind} {fam} {table} {name}")
+        }
         NEWSETELEM => {
             let (n, set) = elements()?;
             format!("add {n} element(s) of {fam} {table} {set}")
@@ -566,8 +572,8 @@ pub fn write_flagged_table(b: &mut Batch, t: &KernelTable, flags: u32) {
     for c in &t.chains {
         b.add_chain(t.family, &t.name, c);
     }
-    for c in &t.counters {
-        b.add_counter(t.family, &t.name, c);
+    for o in &t.objects {
+        b.add_object(t.family, &t.name, o);
     }
     for s in &t.sets {
         b.add_set(t.family, &t.name, s);
@@ -595,6 +601,7 @@ pub fn delete_tables(tables: impl IntoIterator<Item = TableId>) -> Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::objects::{OBJECT_COUNTER, OBJECT_CT_TIMEOUT};
 
     #[test]
     fn batch_is_framed_and_only_the_last_message_asks_for_an_ack() {
@@ -633,8 +640,18 @@ mod tests {
             key_len: 4,
             ..KernelSet::default()
         };
-        let counter = KernelCounter {
+        let counter = KernelObject {
             name: "c".into(),
+            kind: ObjectKind::Counter,
+            userdata: None,
+        };
+        let timeout = KernelObject {
+            name: "t".into(),
+            kind: ObjectKind::CtTimeout {
+                l3proto: 2,
+                l4proto: 17,
+                timeouts: vec![5, 5],
+            },
             userdata: None,
         };
         let element = KernelElement {
@@ -647,7 +664,8 @@ mod tests {
         b.add_table(f, t, None);
         b.add_chain(f, t, &chain);
         b.add_set(f, t, &set);
-        b.add_counter(f, t, &counter);
+        b.add_object(f, t, &counter);
+        b.add_object(f, t, &timeout);
         b.add_rule(f, t, "svc-x", &rule);
         b.insert_rule(f, t, "svc-x", &rule);
         b.replace_rule(f, t, "svc-x", 42, &rule);
@@ -657,7 +675,8 @@ mod tests {
         b.flush_chain(f, t, "svc-x");
         b.delete_chain(f, t, "svc-x");
         b.delete_set(f, t, "service-ips");
-        b.delete_counter(f, t, "c");
+        b.delete_object(f, t, OBJECT_COUNTER, "c");
+        b.delete_object(f, t, OBJECT_CT_TIMEOUT, "t");
         b.delete_table(f, t);
         let tx = b.finish();
         let described = tx.described();
@@ -669,6 +688,7 @@ mod tests {
                 format!("add chain {at} svc-x"),
                 format!("add set {at} service-ips"),
                 format!("add counter {at} c"),
+                format!("add ct timeout {at} t"),
                 format!("add rule to {at} chain svc-x"),
                 format!("insert rule into {at} chain svc-x"),
                 format!("replace rule 42 in {at} chain svc-x"),
@@ -679,6 +699,7 @@ mod tests {
                 format!("delete chain {at} svc-x"),
                 format!("delete set {at} service-ips"),
                 format!("delete counter {at} c"),
+                format!("delete ct timeout {at} t"),
                 format!("delete table {at}"),
             ]
         );

@@ -85,6 +85,8 @@ const NFTA_REJECT_ICMP_CODE: u16 = 2;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
 const NFTA_CT_DIRECTION: u16 = 3;
+const NFTA_OBJREF_IMM_TYPE: u16 = 1;
+const NFTA_OBJREF_IMM_NAME: u16 = 2;
 const NFTA_OBJREF_SET_SREG: u16 = 3;
 const NFTA_OBJREF_SET_NAME: u16 = 4;
 const NFTA_DYNSET_SET_NAME: u16 = 1;
@@ -254,6 +256,11 @@ pub enum Expr {
         dreg: u32,
         key: CtKey,
     },
+    /// The named object of that type (`NFT_OBJECT_*`): `ct timeout set "name"`.
+    Objref {
+        obj_type: u32,
+        name: String,
+    },
     /// `counter name <key> map @set`: the counter object the map holds for the key.
     ObjrefMap {
         sreg: u32,
@@ -363,7 +370,7 @@ impl Expr {
             Expr::Masq { .. } => MASQ,
             Expr::Reject { .. } => REJECT,
             Expr::Ct { .. } => CT,
-            Expr::ObjrefMap { .. } => OBJREF,
+            Expr::Objref { .. } | Expr::ObjrefMap { .. } => OBJREF,
             Expr::Fib { .. } => FIB,
             Expr::DynsetUpdate { .. } => DYNSET,
             Expr::Counter { .. } => COUNTER,
@@ -483,6 +490,10 @@ impl Expr {
             Expr::Ct { dreg, key } => {
                 w.put_u32(NFTA_CT_KEY, *key as u32);
                 w.put_u32(NFTA_CT_DREG, *dreg);
+            }
+            Expr::Objref { obj_type, name } => {
+                w.put_u32(NFTA_OBJREF_IMM_TYPE, *obj_type);
+                w.put_str(NFTA_OBJREF_IMM_NAME, name);
             }
             Expr::ObjrefMap { sreg, set } => {
                 w.put_u32(NFTA_OBJREF_SET_SREG, *sreg);
@@ -671,6 +682,10 @@ impl Expr {
                 sreg: u(NFTA_OBJREF_SET_SREG)?,
                 set: string(NFTA_OBJREF_SET_NAME)?,
             },
+            OBJREF if f.get(NFTA_OBJREF_IMM_NAME).is_some() => Expr::Objref {
+                obj_type: u(NFTA_OBJREF_IMM_TYPE)?,
+                name: string(NFTA_OBJREF_IMM_NAME)?,
+            },
             COUNTER => {
                 let u64_or_0 = |k: u16| {
                     f.get(k)
@@ -838,6 +853,10 @@ mod tests {
         round_trip(Expr::ObjrefMap {
             sreg: 1,
             set: "service-counters".into(),
+        });
+        round_trip(Expr::Objref {
+            obj_type: 7,
+            name: "timeout-x".into(),
         });
         round_trip(Expr::Counter {
             packets: 3,

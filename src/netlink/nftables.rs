@@ -11,8 +11,8 @@ use super::message::{
     NLM_F_REQUEST,
 };
 use super::objects::{
-    CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable,
-    TableHeader, OBJECT_COUNTER,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable, ObjectKind,
+    ObjectReading, TableHeader, OBJECT_COUNTER,
 };
 use crate::core::net::Family;
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
@@ -553,14 +553,10 @@ impl NftSocket {
             Ok(())
         })?;
         self.visit_elements(family, &sets, &mut visitors)?;
-        let counters = |w: &mut AttrWriter| {
-            filter(w);
-            w.put_u32(3, OBJECT_COUNTER);
-        };
-        self.dump_each(GETOBJ, family, counters, |o| {
+        self.dump_each(GETOBJ, family, filter, |o| {
             if let Some((table, v)) = visitor_of(&mut visitors, o)? {
-                if let Some(c) = KernelCounter::parse(o, &table)? {
-                    v.counter(c);
+                if let Some(r) = KernelObject::parse(o, &table)? {
+                    v.object(r);
                 }
             }
             Ok(())
@@ -583,7 +579,7 @@ impl NftSocket {
         &mut self,
         family: Family,
         table: &str,
-    ) -> Result<Vec<CounterReading>, NftError> {
+    ) -> Result<Vec<ObjectReading>, NftError> {
         let mut out = Vec::new();
         self.dump_each(
             GETOBJ,
@@ -593,7 +589,8 @@ impl NftSocket {
                 w.put_u32(3, OBJECT_COUNTER);
             },
             |o| {
-                out.extend(KernelCounter::parse(o, table)?);
+                let read = KernelObject::parse(o, table)?;
+                out.extend(read.filter(|r| r.object.kind == ObjectKind::Counter));
                 Ok(())
             },
         )?;
@@ -618,7 +615,7 @@ pub trait TableVisitor {
     fn rule(&mut self, chain: &str, rule: KernelRule);
     fn set(&mut self, set: KernelSet);
     fn element(&mut self, set: &str, element: KernelElement);
-    fn counter(&mut self, counter: CounterReading);
+    fn object(&mut self, object: ObjectReading);
 }
 
 impl<T: TableVisitor + ?Sized> TableVisitor for &mut T {
@@ -637,8 +634,8 @@ impl<T: TableVisitor + ?Sized> TableVisitor for &mut T {
     fn element(&mut self, set: &str, element: KernelElement) {
         (**self).element(set, element)
     }
-    fn counter(&mut self, counter: CounterReading) {
-        (**self).counter(counter)
+    fn object(&mut self, object: ObjectReading) {
+        (**self).object(object)
     }
 }
 
@@ -668,7 +665,7 @@ impl TableVisitor for KernelTable {
         }
     }
 
-    fn counter(&mut self, counter: CounterReading) {
-        self.counters.push(counter.counter);
+    fn object(&mut self, object: ObjectReading) {
+        self.objects.push(object.object);
     }
 }

@@ -1,5 +1,6 @@
 //! The nf_tables objects as the kernel stores them: tables, chains, rules (as
-//! expressions), sets and their elements, named counters, and the userdata TLVs
+//! expressions), sets and their elements, named objects (counters and
+//! conntrack timeout policies), and the userdata TLVs
 //! that `nft` writes beside them (comments, set key byte order). Both what we
 //! write and what we read back are these types, which is what makes desired and
 //! actual comparable.
@@ -70,6 +71,10 @@ const NFTA_OBJ_DATA: u16 = 4;
 const NFTA_OBJ_USERDATA: u16 = 8;
 const NFTA_COUNTER_BYTES: u16 = 1;
 const NFTA_COUNTER_PACKETS: u16 = 2;
+// enum nft_ct_timeout_timeout_attributes
+const NFTA_CT_TIMEOUT_L3PROTO: u16 = 1;
+const NFTA_CT_TIMEOUT_L4PROTO: u16 = 2;
+const NFTA_CT_TIMEOUT_DATA: u16 = 3;
 
 /// `NFT_SET_MAP`.
 pub const SET_F_MAP: u32 = 0x8;
@@ -82,13 +87,16 @@ pub const SET_F_OBJECT: u32 = 0x40;
 pub const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
 /// `NFT_OBJECT_COUNTER`.
 pub const OBJECT_COUNTER: u32 = 1;
+/// `NFT_OBJECT_CT_TIMEOUT`.
+pub const OBJECT_CT_TIMEOUT: u32 = 7;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelTable {
     pub family: Family,
     pub name: String,
     pub userdata: Option<Vec<u8>>,
-    pub counters: Vec<KernelCounter>,
+    /// Named objects, in creation order (as `nft` lists them).
+    pub objects: Vec<KernelObject>,
     pub sets: Vec<KernelSet>,
     pub chains: Vec<KernelChain>,
 }
@@ -100,7 +108,7 @@ impl KernelTable {
             family,
             name: name.to_string(),
             userdata: None,
-            counters: Vec::new(),
+            objects: Vec::new(),
             sets: Vec::new(),
             chains: Vec::new(),
         }
@@ -111,12 +119,45 @@ impl KernelTable {
     }
 }
 
-/// A named counter object; its values are state, so only name and comment
-/// describe it.
+/// A named object of a table. A counter's values are state, so only name,
+/// kind and comment describe one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelCounter {
+pub struct KernelObject {
     pub name: String,
+    pub kind: ObjectKind,
     pub userdata: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectKind {
+    Counter,
+    /// A conntrack timeout policy: the timeout of each state of the protocol,
+    /// in seconds, indexed by `CTA_TIMEOUT_*` - 1 (every state, as `nft`
+    /// sends them).
+    CtTimeout {
+        l3proto: u16,
+        l4proto: u8,
+        timeouts: Vec<u32>,
+    },
+}
+
+impl ObjectKind {
+    /// `NFTA_OBJ_TYPE`.
+    pub fn type_id(&self) -> u32 {
+        match self {
+            ObjectKind::Counter => OBJECT_COUNTER,
+            ObjectKind::CtTimeout { .. } => OBJECT_CT_TIMEOUT,
+        }
+    }
+
+    /// What `nft` calls the kind.
+    pub fn keyword(type_id: u32) -> &'static str {
+        match type_id {
+            OBJECT_COUNTER => "counter",
+            OBJECT_CT_TIMEOUT => "ct timeout",
+            _ => "object",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -609,71 +650,168 @@ pub fn endpoint_of(v: &[u8]) -> Option<Mapped> {
     ))
 }
 
-/// A counter object as a dump shows it, with its values.
+/// A named object as a dump shows it, with a counter's values (zero for
+/// other kinds).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CounterReading {
-    pub counter: KernelCounter,
+pub struct ObjectReading {
+    pub object: KernelObject,
     pub packets: u64,
     pub bytes: u64,
 }
 
-impl KernelCounter {
-    /// A counter at zero (a create that finds it existing keeps its values).
+impl KernelObject {
+    /// A counter at zero (a create that finds it existing keeps its values),
+    /// or a timeout policy.
     pub fn emit(&self, table: &str, w: &mut AttrWriter) {
-        KernelCounter::emit_name(table, &self.name, w);
-        w.nest(NFTA_OBJ_DATA, |w| {
-            w.put_u64(NFTA_COUNTER_BYTES, 0);
-            w.put_u64(NFTA_COUNTER_PACKETS, 0);
+        KernelObject::emit_name(table, self.kind.type_id(), &self.name, w);
+        w.nest(NFTA_OBJ_DATA, |w| match &self.kind {
+            ObjectKind::Counter => {
+                w.put_u64(NFTA_COUNTER_BYTES, 0);
+                w.put_u64(NFTA_COUNTER_PACKETS, 0);
+            }
+            ObjectKind::CtTimeout {
+                l3proto,
+                l4proto,
+                timeouts,
+            } => {
+                w.put(NFTA_CT_TIMEOUT_L3PROTO, &l3proto.to_be_bytes());
+                w.put(NFTA_CT_TIMEOUT_L4PROTO, &[*l4proto]);
+                w.nest(NFTA_CT_TIMEOUT_DATA, |w| {
+                    for (i, t) in timeouts.iter().enumerate() {
+                        w.put_u32(i as u16 + 1, *t);
+                    }
+                });
+            }
         });
         if let Some(u) = &self.userdata {
             w.put(NFTA_OBJ_USERDATA, u);
         }
     }
 
-    /// The attributes that name a counter (a delete carries only these).
-    pub fn emit_name(table: &str, name: &str, w: &mut AttrWriter) {
+    /// The attributes that name an object (a delete carries only these).
+    pub fn emit_name(table: &str, type_id: u32, name: &str, w: &mut AttrWriter) {
         w.put_str(NFTA_OBJ_TABLE, table);
         w.put_str(NFTA_OBJ_NAME, name);
-        w.put_u32(NFTA_OBJ_TYPE, OBJECT_COUNTER);
+        w.put_u32(NFTA_OBJ_TYPE, type_id);
     }
 
-    /// A counter of `table` with its values; `None` for other objects.
-    pub fn parse(buf: &[u8], table: &str) -> Result<Option<CounterReading>, ParseError> {
-        let (mut tname, mut name, mut kind, mut userdata) = (None, None, None, None);
-        let (mut packets, mut bytes) = (0, 0);
+    /// An object of `table` of a kind we write; `None` for any other.
+    pub fn parse(buf: &[u8], table: &str) -> Result<Option<ObjectReading>, ParseError> {
+        let (mut tname, mut name, mut type_id, mut userdata) = (None, None, None, None);
+        let mut data: &[u8] = &[];
         for a in Attrs::new(buf) {
             let (k, p) = a?;
             let pl = Payload::new("object", k, p);
             match k {
                 NFTA_OBJ_TABLE => tname = Some(pl.string()?),
                 NFTA_OBJ_NAME => name = Some(pl.string()?),
-                NFTA_OBJ_TYPE => kind = Some(pl.u32()?),
-                NFTA_OBJ_DATA => {
-                    for c in Attrs::new(p) {
-                        let (ck, cp) = c?;
-                        match ck {
-                            NFTA_COUNTER_BYTES => bytes = Payload::new("counter", ck, cp).u64()?,
-                            NFTA_COUNTER_PACKETS => {
-                                packets = Payload::new("counter", ck, cp).u64()?
-                            }
-                            _ => {}
-                        }
-                    }
-                }
+                NFTA_OBJ_TYPE => type_id = Some(pl.u32()?),
+                NFTA_OBJ_DATA => data = p,
                 NFTA_OBJ_USERDATA => userdata = Some(p.to_vec()),
                 _ => {}
             }
         }
-        if tname.as_deref() != Some(table) || kind != Some(OBJECT_COUNTER) {
-            return Ok(None);
-        }
-        let Some(name) = name else {
+        let (Some(name), Some(type_id)) = (name, type_id) else {
             return Ok(None);
         };
-        Ok(Some(CounterReading {
-            counter: KernelCounter { name, userdata },
+        if tname.as_deref() != Some(table) {
+            return Ok(None);
+        }
+        let (mut packets, mut bytes) = (0, 0);
+        let kind = match type_id {
+            OBJECT_COUNTER => {
+                for c in Attrs::new(data) {
+                    let (ck, cp) = c?;
+                    let pl = Payload::new("counter", ck, cp);
+                    match ck {
+                        NFTA_COUNTER_BYTES => bytes = pl.u64()?,
+                        NFTA_COUNTER_PACKETS => packets = pl.u64()?,
+                        _ => {}
+                    }
+                }
+                ObjectKind::Counter
+            }
+            OBJECT_CT_TIMEOUT => {
+                let (mut l3proto, mut l4proto, mut timeouts) = (0, 0, Vec::new());
+                for c in Attrs::new(data) {
+                    let (ck, cp) = c?;
+                    let pl = Payload::new("ct timeout", ck, cp);
+                    match ck {
+                        NFTA_CT_TIMEOUT_L3PROTO => l3proto = pl.u16()?,
+                        NFTA_CT_TIMEOUT_L4PROTO => l4proto = pl.u8()?,
+                        NFTA_CT_TIMEOUT_DATA => {
+                            for t in Attrs::new(cp) {
+                                let (tk, tp) = t?;
+                                let at = usize::from(tk).saturating_sub(1);
+                                if timeouts.len() <= at {
+                                    timeouts.resize(at + 1, 0);
+                                }
+                                timeouts[at] = Payload::new("ct timeout", tk, tp).u32()?;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                ObjectKind::CtTimeout {
+                    l3proto,
+                    l4proto,
+                    timeouts,
+                }
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(ObjectReading {
+            object: KernelObject {
+                name,
+                kind,
+                userdata,
+            },
             packets,
             bytes,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::net::Protocol;
+    use crate::ruleset::CtTimeoutPolicy;
+
+    /// A timeout policy goes out with every state of its protocol and comes back
+    /// as the policy that set some of them.
+    #[test]
+    fn a_timeout_policy_round_trips_through_its_attributes() {
+        let policy = CtTimeoutPolicy {
+            protocol: Protocol::Tcp,
+            set: vec![("established", 7200)],
+        };
+        let timeouts = policy.timeouts();
+        assert_eq!(timeouts.len(), 11);
+        assert_eq!(timeouts[2], 7200);
+        let object = KernelObject {
+            name: "timeout-x".into(),
+            kind: ObjectKind::CtTimeout {
+                l3proto: 10,
+                l4proto: 6,
+                timeouts: timeouts.clone(),
+            },
+            userdata: None,
+        };
+        let mut w = AttrWriter::new();
+        object.emit("t", &mut w);
+        let read = KernelObject::parse(&w.into_bytes(), "t").unwrap().unwrap();
+        assert_eq!(read.object, object);
+        assert_eq!(
+            CtTimeoutPolicy::from_timeouts(Protocol::Tcp, &timeouts),
+            Some(policy)
+        );
+        // Another table's object, or a kind we do not write, is not ours.
+        let mut w = AttrWriter::new();
+        object.emit("other", &mut w);
+        assert_eq!(KernelObject::parse(&w.into_bytes(), "t").unwrap(), None);
+        let mut w = AttrWriter::new();
+        KernelObject::emit_name("t", 2, "a-quota", &mut w);
+        assert_eq!(KernelObject::parse(&w.into_bytes(), "t").unwrap(), None);
     }
 }

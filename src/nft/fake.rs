@@ -3,8 +3,8 @@
 //! message with the same `parse` functions that read the real kernel back, with
 //! the kernel's rules that matter to a planner:
 //! - all or nothing: a refused message leaves every table as it was;
-//! - a rule or element may only name chains, sets and counters that exist;
-//! - a chain, set or counter still named by a rule or element cannot be deleted;
+//! - a rule or element may only name chains, sets and objects that exist;
+//! - a chain, set or object still named by a rule or element cannot be deleted;
 //! - deleting an element, rule or object that does not exist is refused;
 //! - adding an element whose key is there with other data is refused;
 //! - rule handles are new on every write, as the kernel gives them.
@@ -20,7 +20,8 @@ use crate::netlink::batch::{
 use crate::netlink::expr::{Data, Expr};
 use crate::netlink::message::split_messages;
 use crate::netlink::objects::{
-    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable, TableHeader,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable, ObjectKind,
+    TableHeader, OBJECT_COUNTER,
 };
 use crate::netlink::{Committed, NftError};
 use crate::nft::kernel::NftKernel;
@@ -96,7 +97,21 @@ fn rule_sets(rule: &KernelRule) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The named objects a rule refers to directly (`ct timeout set`), by type.
+fn rule_objects(rule: &KernelRule) -> impl Iterator<Item = (u32, &str)> {
+    rule.exprs.iter().filter_map(|e| match e {
+        Expr::Objref { obj_type, name } => Some((*obj_type, name.as_str())),
+        _ => None,
+    })
+}
+
 impl KernelTable {
+    fn has_object(&self, type_id: u32, name: &str) -> bool {
+        self.objects
+            .iter()
+            .any(|o| o.kind.type_id() == type_id && o.name == name)
+    }
+
     fn chain_mut(&mut self, name: &str) -> Option<&mut KernelChain> {
         self.chains.iter_mut().find(|c| c.name == name)
     }
@@ -140,7 +155,7 @@ fn apply(
             family: id.family,
             name: header.name,
             userdata: header.userdata,
-            counters: Vec::new(),
+            objects: Vec::new(),
             sets: Vec::new(),
             chains: Vec::new(),
         });
@@ -179,6 +194,7 @@ fn apply(
             let (chain, mut rule) = KernelRule::parse(body, table).map_err(bad)?.ok_or(EINVAL)?;
             if rule_targets(&rule).any(|c| !t.chains.iter().any(|k| k.name == c))
                 || rule_sets(&rule).any(|s| !t.sets.iter().any(|k| k.name == s))
+                || rule_objects(&rule).any(|(k, o)| !t.has_object(k, o))
             {
                 return Err(ENOENT);
             }
@@ -244,7 +260,12 @@ fn apply(
             let set_name = KernelElement::list_set(body).map_err(bad)?.ok_or(EINVAL)?;
             let elements = KernelElement::parse_list(body).map_err(bad)?;
             let chains: HashSet<&str> = t.chains.iter().map(|c| c.name.as_str()).collect();
-            let counters: HashSet<&str> = t.counters.iter().map(|c| c.name.as_str()).collect();
+            let counters: HashSet<&str> = t
+                .objects
+                .iter()
+                .filter(|o| o.kind == ObjectKind::Counter)
+                .map(|o| o.name.as_str())
+                .collect();
             for e in &elements {
                 let known = match &e.data {
                     Some(Mapped::Verdict(Verdict::Jump(c) | Verdict::Goto(c))) => {
@@ -286,32 +307,39 @@ fn apply(
             }
         }
         NEWOBJ => {
-            let c = KernelCounter::parse(body, table)
+            let o = KernelObject::parse(body, table)
                 .map_err(bad)?
-                .ok_or(EINVAL)?;
-            if !t.counters.iter().any(|x| x.name == c.counter.name) {
-                t.counters.push(c.counter);
+                .ok_or(EINVAL)?
+                .object;
+            if !t.has_object(o.kind.type_id(), &o.name) {
+                t.objects.push(o);
             }
         }
         DELOBJ => {
-            let c = KernelCounter::parse(body, table)
+            let o = KernelObject::parse(body, table)
                 .map_err(bad)?
-                .ok_or(EINVAL)?;
-            let name = c.counter.name;
+                .ok_or(EINVAL)?
+                .object;
+            let (type_id, name) = (o.kind.type_id(), o.name);
             let at = t
-                .counters
+                .objects
                 .iter()
-                .position(|x| x.name == name)
+                .position(|x| x.kind.type_id() == type_id && x.name == name)
                 .ok_or(ENOENT)?;
-            let used = t
+            let in_element = t
                 .sets
                 .iter()
                 .flat_map(|s| &s.elements)
                 .any(|e| matches!(&e.data, Some(Mapped::Counter(n)) if *n == name));
-            if used {
+            let in_rule = t
+                .chains
+                .iter()
+                .flat_map(|c| &c.rules)
+                .any(|r| rule_objects(r).any(|(k, n)| k == type_id && n == name));
+            if (type_id == OBJECT_COUNTER && in_element) || in_rule {
                 return Err(EBUSY);
             }
-            t.counters.remove(at);
+            t.objects.remove(at);
         }
         _ => return Err(EINVAL),
     }
@@ -344,12 +372,12 @@ fn view_of(t: &KernelTable) -> TableView {
             elements: Elements::new(s.elements.clone()),
         })
         .collect();
-    let counters = t
-        .counters
+    let objects = t
+        .objects
         .iter()
-        .map(|c| (c.name.clone(), c.clone()))
+        .map(|o| ((o.kind.type_id(), o.name.clone()), o.clone()))
         .collect();
-    TableView::new(t.family, t.userdata.clone(), counters, sets, chains)
+    TableView::new(t.family, t.userdata.clone(), objects, sets, chains)
 }
 
 impl NftKernel for FakeKernel {

@@ -200,8 +200,8 @@ pub enum Difference {
     /// Another family or name.
     Table,
     TableComment,
-    /// Missing, extra, or otherwise (its comment among the rest).
-    Counter(String),
+    /// A named object: missing, extra, or otherwise (its comment among the rest).
+    Object(String),
     /// Missing or extra.
     Set(String),
     /// Its typeof and comment.
@@ -253,17 +253,17 @@ pub fn difference(want: &KernelTable, got: &KernelTable) -> Option<Difference> {
     if want.userdata != got.userdata {
         return Some(Difference::TableComment);
     }
-    let counters = |t: &KernelTable| {
-        let mut v = t.counters.clone();
+    let objects = |t: &KernelTable| {
+        let mut v = t.objects.clone();
         v.sort_by(|x, y| x.name.cmp(&y.name));
         v
     };
     if let Some(d) = first_by_name(
-        &counters(want),
-        &counters(got),
-        |c| c.name.as_str(),
-        |n| Difference::Counter(n.into()),
-        |x, y| (x != y).then(|| Difference::Counter(x.name.clone())),
+        &objects(want),
+        &objects(got),
+        |o| o.name.as_str(),
+        |n| Difference::Object(n.into()),
+        |x, y| (x != y).then(|| Difference::Object(x.name.clone())),
     ) {
         return Some(d);
     }

@@ -11,10 +11,10 @@ use crate::core::net::{Family, Protocol};
 use crate::netlink::attr::ip_from_bytes;
 use crate::netlink::expr::{CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, REG_1, REG_VERDICT};
 use crate::netlink::objects::*;
-use crate::nft::lower::{lower_counter, lower_element, lower_rule, lower_set, padded};
+use crate::nft::lower::{lower_element, lower_object, lower_rule, lower_set, padded};
 use crate::ruleset::{
-    Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedCounter, Rule, Set, Stmt,
-    Table,
+    Chain, CtTimeoutPolicy, Direction, Element, Field, KeyType, KeyValue, MapData, NamedObject,
+    ObjectDef, Rule, Set, Stmt, Table,
 };
 use ipnet::IpNet;
 use std::fmt;
@@ -43,20 +43,10 @@ pub fn lift_table(k: &KernelTable) -> Result<Table, LiftError> {
         .iter()
         .map(|c| lift_chain(k.family, c).map_err(|e| at(e.0)))
         .collect::<Result<Vec<_>, _>>()?;
-    let counters = k
-        .counters
+    let objects = k
+        .objects
         .iter()
-        .map(|c| {
-            let counter = NamedCounter {
-                name: c.name.clone(),
-                comment: comment_of(&c.userdata),
-            };
-            same(&lower_counter(&counter), c, || {
-                format!("counter {}", c.name)
-            })
-            .map(|()| counter)
-            .map_err(|e| at(e.0))
-        })
+        .map(|o| lift_object(k.family, o).map_err(|e| at(e.0)))
         .collect::<Result<Vec<_>, _>>()?;
     let comment = comment_of(&k.userdata);
     same(&comment_udata(&comment), &k.userdata, || {
@@ -67,7 +57,7 @@ pub fn lift_table(k: &KernelTable) -> Result<Table, LiftError> {
         family: k.family,
         name: k.name.clone(),
         comment,
-        counters,
+        objects,
         sets,
         chains,
     })
@@ -137,6 +127,25 @@ pub fn lift_rule(family: Family, k: &KernelRule) -> Result<Rule, LiftError> {
     Ok(rule)
 }
 
+fn lift_object(family: Family, k: &KernelObject) -> Result<NamedObject, LiftError> {
+    let what = || format!("{} {}", ObjectKind::keyword(k.kind.type_id()), k.name);
+    let kind = match &k.kind {
+        ObjectKind::Counter => Some(ObjectDef::Counter),
+        ObjectKind::CtTimeout {
+            l4proto, timeouts, ..
+        } => Protocol::from_number(*l4proto)
+            .and_then(|p| CtTimeoutPolicy::from_timeouts(p, timeouts))
+            .map(ObjectDef::CtTimeout),
+    };
+    let kind = kind.ok_or_else(|| LiftError(format!("{}: not one we write", what())))?;
+    let object = NamedObject {
+        name: k.name.clone(),
+        comment: comment_of(&k.userdata),
+        kind,
+    };
+    same(&lower_object(family, &object), k, what).map(|()| object)
+}
+
 /// The statement at the head of `exprs`, and how many expressions it took.
 /// Loose on registers and constants: `lift_rule` lowers the result again and
 /// compares.
@@ -156,6 +165,10 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
         [Reject { kind: 0, .. }, ..] => (Stmt::Reject, 1),
         [Reject { kind: 1, .. }, ..] => (Stmt::RejectTcpReset, 1),
         [Counter { .. }, ..] => (Stmt::Counter, 1),
+        [Objref {
+            obj_type: OBJECT_CT_TIMEOUT,
+            name,
+        }, ..] => (Stmt::CtTimeoutSet(name.clone()), 1),
         [Meta {
             key: MetaKey::L4Proto,
             ..

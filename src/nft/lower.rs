@@ -13,8 +13,8 @@ use crate::netlink::expr::{
 };
 use crate::netlink::objects::*;
 use crate::ruleset::{
-    Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedCounter, Rule, Set, Stmt,
-    Table, DYNAMIC_SET_SIZE,
+    Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedObject, ObjectDef, Rule,
+    Set, Stmt, Table, DYNAMIC_SET_SIZE,
 };
 use std::net::IpAddr;
 
@@ -202,10 +202,19 @@ pub fn lower_chain(family: Family, chain: &Chain) -> KernelChain {
     }
 }
 
-pub fn lower_counter(c: &NamedCounter) -> KernelCounter {
-    KernelCounter {
-        name: c.name.clone(),
-        userdata: comment_udata(&c.comment),
+pub fn lower_object(family: Family, o: &NamedObject) -> KernelObject {
+    let kind = match &o.kind {
+        ObjectDef::Counter => ObjectKind::Counter,
+        ObjectDef::CtTimeout(p) => ObjectKind::CtTimeout {
+            l3proto: family.nfproto().into(),
+            l4proto: p.protocol.number(),
+            timeouts: p.timeouts(),
+        },
+    };
+    KernelObject {
+        name: o.name.clone(),
+        kind,
+        userdata: comment_udata(&o.comment),
     }
 }
 
@@ -214,7 +223,11 @@ pub fn lower_table(table: &Table) -> KernelTable {
         family: table.family,
         name: table.name.clone(),
         userdata: comment_udata(&table.comment),
-        counters: table.counters.iter().map(lower_counter).collect(),
+        objects: table
+            .objects
+            .iter()
+            .map(|o| lower_object(table.family, o))
+            .collect(),
         sets: table.sets.iter().map(lower_set).collect(),
         chains: table
             .chains
@@ -530,6 +543,10 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
                 set: map.clone(),
             });
         }
+        Stmt::CtTimeoutSet(name) => out.push(Expr::Objref {
+            obj_type: OBJECT_CT_TIMEOUT,
+            name: name.clone(),
+        }),
         Stmt::Verdict(v) => out.push(Expr::Immediate {
             dreg: REG_VERDICT,
             data: Data::Verdict(v.clone()),

@@ -9,7 +9,7 @@
 
 use crate::netlink::batch::{replace_tables, Batch};
 use crate::netlink::objects::{
-    KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, KernelTable,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable,
 };
 use crate::nft::view::{fingerprint, RuleView};
 use crate::ruleset::TableId;
@@ -53,7 +53,7 @@ enum Phase {
     /// Tables replaced whole (the fallback when a fine-grained change is not possible).
     Rebuild,
     AddTables,
-    AddCounters,
+    AddObjects,
     AddSets,
     AddChains,
     Rules,
@@ -67,8 +67,8 @@ enum Phase {
     DeleteChains,
     /// After the rules and chains that refer to them.
     DeleteSets,
-    /// Once no element names them.
-    DeleteCounters,
+    /// Once no element or rule names them.
+    DeleteObjects,
     DeleteTables,
 }
 
@@ -130,15 +130,15 @@ impl Plan {
         }
     }
 
-    pub fn add_counter(&mut self, table: TableId, counter: KernelCounter) {
-        if let Some(b) = self.part(Phase::AddCounters, table) {
-            b.add_counter(table.family, table.name(), &counter);
+    pub fn add_object(&mut self, table: TableId, object: KernelObject) {
+        if let Some(b) = self.part(Phase::AddObjects, table) {
+            b.add_object(table.family, table.name(), &object);
         }
     }
 
-    pub fn delete_counter(&mut self, table: TableId, name: &str) {
-        if let Some(b) = self.part(Phase::DeleteCounters, table) {
-            b.delete_counter(table.family, table.name(), name);
+    pub fn delete_object(&mut self, table: TableId, type_id: u32, name: &str) {
+        if let Some(b) = self.part(Phase::DeleteObjects, table) {
+            b.delete_object(table.family, table.name(), type_id, name);
         }
     }
 
@@ -312,7 +312,7 @@ mod tests {
             family: Family::Ip,
             name: main.name().into(),
             userdata: None,
-            counters: Vec::new(),
+            objects: Vec::new(),
             sets: Vec::new(),
             chains: vec![chain("kept", Vec::new())],
         });

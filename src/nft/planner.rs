@@ -12,11 +12,11 @@ use crate::core::model::{ClusterState, Service, ServiceKey};
 use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::Categorized;
-use crate::netlink::objects::{KernelChain, KernelCounter, KernelElement, KernelSet, KernelTable};
+use crate::netlink::objects::{KernelChain, KernelElement, KernelObject, KernelSet, KernelTable};
 use crate::nft::endpoint_memo::{EndpointMemo, ListChange, PortChange};
 use crate::nft::kernel::Views;
 use crate::nft::lower::{
-    lower_chain, lower_counter, lower_element, lower_key, lower_set, lower_table,
+    lower_chain, lower_element, lower_key, lower_object, lower_set, lower_table,
 };
 use crate::nft::names::{table_ids, SET_HAIRPIN};
 use crate::nft::pick::{Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared};
@@ -58,13 +58,13 @@ pub fn desired_as_placed(views: &Views, state: &ClusterState, config: &NodeConfi
     translate_placed(state, config, &PlacedInViews::new(views))
 }
 
-/// What one Service has in one family's tables, as last committed. Counters are
-/// in the main table.
+/// What one Service has in one family's tables, as last committed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Footprint {
     chains: Vec<(TableId, String)>,
     sets: Vec<(TableId, String)>,
-    counters: Vec<String>,
+    /// Named objects: table, type (`ObjectKind::type_id`), name.
+    objects: Vec<(TableId, u32, String)>,
     elements: Vec<PlacedElement>,
     /// Its entries' endpoints, by slot, in the shared endpoint maps.
     slots: Vec<PlacedSlots>,
@@ -204,7 +204,7 @@ impl PlacedElement {
 struct LoweredService {
     chains: Vec<(TableId, KernelChain)>,
     sets: Vec<(TableId, KernelSet)>,
-    counters: Vec<KernelCounter>,
+    objects: Vec<(TableId, KernelObject)>,
     /// Its elements of shared sets and maps.
     elements: Vec<(TableId, &'static str, KernelElement)>,
     footprint: Footprint,
@@ -238,7 +238,11 @@ fn lower_service(
             .iter()
             .map(|s| (rules.table, lower_set(s)))
             .collect(),
-        counters: rules.counters.iter().map(lower_counter).collect(),
+        objects: rules
+            .objects
+            .iter()
+            .map(|(t, o)| (*t, lower_object(family, o)))
+            .collect(),
         footprint: Footprint {
             chains: chains.iter().map(|(t, c)| (*t, c.name.clone())).collect(),
             sets: rules
@@ -246,7 +250,11 @@ fn lower_service(
                 .iter()
                 .map(|s| (rules.table, s.name.clone()))
                 .collect(),
-            counters: rules.counters.iter().map(|c| c.name.clone()).collect(),
+            objects: rules
+                .objects
+                .iter()
+                .map(|(t, o)| (*t, lower_object(family, o).kind.type_id(), o.name.clone()))
+                .collect(),
             slots: rules
                 .slots
                 .into_iter()
@@ -682,8 +690,7 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             wanted_sets.entry(*id).or_default().extend(sets);
         }
         let main = TableId::main(family);
-        let main_view = views.get(&main);
-        let mut wanted_counters = BTreeSet::new();
+        let mut wanted_objects: HashMap<TableId, BTreeSet<(u32, String)>> = HashMap::new();
         let mut endpoint_maps = EndpointMaps::new(views);
         // Gathered in order; `Elements::new` keeps the first of a key.
         let mut wanted_elements: HashMap<(TableId, &str), Vec<KernelElement>> = HashMap::new();
@@ -698,12 +705,13 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
         }
         for (key, service) in &state.services {
             let svc = lower_service(state, service, family, config, &placement);
-            for c in svc.counters {
-                if wanted_counters.insert(c.name.clone()) {
-                    match main_view.and_then(|v| v.counters.get(&c.name)) {
-                        None => plan.add_counter(main, c),
-                        Some(have) if *have != c => {
-                            rebuild.insert(main);
+            for (id, o) in svc.objects {
+                let key = (o.kind.type_id(), o.name.clone());
+                if wanted_objects.entry(id).or_default().insert(key.clone()) {
+                    match views.get(&id).and_then(|v| v.objects.get(&key)) {
+                        None => plan.add_object(id, o),
+                        Some(have) if *have != o => {
+                            rebuild.insert(id);
                         }
                         Some(_) => {}
                     }
@@ -807,10 +815,12 @@ pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (P
             for c in v.chains.iter().filter(|c| !wanted(&wanted_chains, &c.name)) {
                 plan.delete_chain(*id, &c.name);
             }
-            if *id == main {
-                for name in v.counters.keys().filter(|n| !wanted_counters.contains(*n)) {
-                    plan.delete_counter(main, name);
-                }
+            let unwanted_objects = v
+                .objects
+                .keys()
+                .filter(|k| !wanted_objects.get(id).is_some_and(|w| w.contains(*k)));
+            for (type_id, name) in unwanted_objects {
+                plan.delete_object(*id, *type_id, name);
             }
         }
         for id in rebuild {
@@ -866,7 +876,6 @@ impl Footprints {
         let mut from_memo = 0;
         for key in dirty {
             for family in Family::ALL {
-                let main = TableId::main(family);
                 let svc = state.services.get(key);
                 // Taken: a memo moves on with its Service. If this sync's
                 // commit fails, the full sync that follows remembers anew.
@@ -901,8 +910,8 @@ impl Footprints {
                 };
                 let memo = changes.and(memo).map(|m| *m);
                 from_memo += usize::from(memo.is_some());
-                let (chains, sets, counters, elements, mut new_applied) = match new {
-                    Some(s) => (s.chains, s.sets, s.counters, s.elements, s.footprint),
+                let (chains, sets, objects, elements, mut new_applied) = match new {
+                    Some(s) => (s.chains, s.sets, s.objects, s.elements, s.footprint),
                     None => Default::default(),
                 };
                 if let (Some(svc), false) = (svc, new_applied == Footprint::default()) {
@@ -912,18 +921,17 @@ impl Footprints {
                     }
                     new_applied.remember(memo, state, svc, config, family);
                 }
-                for c in counters
-                    .into_iter()
-                    .filter(|c| !old.counters.contains(&c.name))
-                {
-                    plan.add_counter(main, c);
+                for (id, o) in objects {
+                    let key = (id, o.kind.type_id(), o.name.clone());
+                    if !old.objects.contains(&key) {
+                        plan.add_object(id, o);
+                    }
                 }
-                for c in old
-                    .counters
-                    .iter()
-                    .filter(|c| !new_applied.counters.contains(c))
-                {
-                    plan.delete_counter(main, c);
+                for (id, type_id, name) in &old.objects {
+                    let key = (*id, *type_id, name.clone());
+                    if !new_applied.objects.contains(&key) {
+                        plan.delete_object(*id, *type_id, name);
+                    }
                 }
                 // A Service's own sets are its affinity sets, whose elements
                 // are the packets'.

@@ -11,7 +11,7 @@
 //! endpoints and keys), the refusals, the counters and the external elements.
 
 use crate::core::model::{ClusterState, NodeInfo, PortEndpoint, Service, ServicePort};
-use crate::core::net::Family;
+use crate::core::net::{Family, Protocol};
 use crate::core::node_config::NodeConfig;
 use crate::core::policy::{categorize, port_endpoints, Categorized};
 use crate::nft::build::{dispatch_key, element, nodeport_key};
@@ -19,8 +19,8 @@ use crate::nft::names::*;
 use crate::nft::pick::{EntryKind, EntrySlots, PickGroup, Shared};
 use crate::nft::slots::{assign_slots, Fill, Placement};
 use crate::ruleset::{
-    clamp_comment, Chain, Element, Field, KeyValue, Mapped, NamedCounter, Rule, Set, Stmt, TableId,
-    Verdict,
+    clamp_comment, Chain, CtTimeoutPolicy, Element, Field, KeyValue, Mapped, NamedObject,
+    ObjectDef, Rule, Set, Stmt, TableId, Verdict,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -135,8 +135,10 @@ pub struct ServiceRules {
     pub elements: Vec<(&'static str, Element)>,
     /// Endpoints that need a hairpin element (shared between Services).
     pub hairpin: Vec<IpAddr>,
-    /// One per Service port with `--counters`.
-    pub counters: Vec<NamedCounter>,
+    /// Named objects, with their table: a counter per Service port with
+    /// `--counters` (in the main table), its conntrack timeout policies (in
+    /// `table`).
+    pub objects: Vec<(TableId, NamedObject)>,
 }
 
 impl ServiceRules {
@@ -150,7 +152,7 @@ impl ServiceRules {
             shared: Vec::new(),
             elements: Vec::new(),
             hairpin: Vec::new(),
-            counters: Vec::new(),
+            objects: Vec::new(),
         }
     }
 
@@ -514,10 +516,12 @@ impl PortIn<'_> {
             out.elements
                 .push((MAP_NODEPORT_COUNTERS, counted(nodeport_key(self.port, np))));
         }
-        out.counters.push(NamedCounter {
+        let counter = NamedObject {
             name,
             comment: Some(clamp_comment(&self.label)),
-        });
+            kind: ObjectDef::Counter,
+        };
+        out.objects.push((TableId::main(out.table.family), counter));
     }
 }
 
@@ -545,13 +549,96 @@ pub(super) fn nftables_rules(
             }
         };
         let p = s.port(index, eps);
+        let elements_before = out.elements.len();
         match svc.affinity_timeout {
             Some(timeout) => cascade_port(&mut out, &s, &p, config, family, placement, timeout),
             None => shared_port(&mut out, &s, &p, config, family, placement),
         }
+        if let Some(policy) = conntrack_policy(svc, p.port.protocol) {
+            with_conntrack_timeouts(&mut out, svc, &p, policy, elements_before);
+        }
         p.count(&mut out, svc, config);
     }
     out.finish()
+}
+
+/// The Service's own conntrack timeouts for a protocol, as a policy.
+fn conntrack_policy(svc: &Service, protocol: Protocol) -> Option<CtTimeoutPolicy> {
+    let t = &svc.conntrack_timeouts;
+    let set = match protocol {
+        Protocol::Tcp => vec![("established", t.tcp_established?)],
+        Protocol::Udp => {
+            let udp = t.udp?;
+            vec![("unreplied", udp), ("replied", udp)]
+        }
+        Protocol::Sctp => return None,
+    };
+    Some(CtTimeoutPolicy { protocol, set })
+}
+
+/// Gives the flows of a port the Service's conntrack timeouts: each of the
+/// port's dispatch elements (since `from` in `out.elements`) goes to a chain
+/// that sets them and then goes where the element went. The flow is new and
+/// not yet confirmed when it meets the dispatch maps at dstnat, which is when
+/// `ct timeout set` takes. The policy's object is named after its values, so
+/// that new values are a new object (the kernel cannot change one in use).
+fn with_conntrack_timeouts(
+    out: &mut ServiceRules,
+    svc: &Service,
+    p: &PortIn,
+    policy: CtTimeoutPolicy,
+    from: usize,
+) {
+    let values: Vec<String> = policy
+        .set
+        .iter()
+        .map(|(s, t)| format!("{s}-{t}s"))
+        .collect();
+    let object = chain_name(
+        "timeout",
+        &format!(
+            "{}/{}/{}/{}",
+            svc.key.namespace,
+            svc.key.name,
+            policy.protocol,
+            values.join("/")
+        ),
+    );
+    let mut chains: Vec<Chain> = Vec::new();
+    for (set, e) in &mut out.elements[from..] {
+        if *set != MAP_SERVICE_IPS && *set != MAP_SERVICE_NODEPORTS {
+            continue;
+        }
+        let Some(Mapped::Verdict(Verdict::Goto(target))) = &mut e.value else {
+            continue;
+        };
+        let name = chain_name("timeout", &format!("{}/{target}", p.port_id));
+        if !chains.iter().any(|c| c.name == name) {
+            chains.push(Chain {
+                name: name.clone(),
+                base: None,
+                comment: Some(clamp_comment(&p.label)),
+                rules: vec![Rule::new(vec![
+                    Stmt::CtTimeoutSet(object.clone()),
+                    Stmt::Verdict(Verdict::Goto(target.clone())),
+                ])],
+            });
+        }
+        *target = name;
+    }
+    // Only while some chain sets it: a port without endpoints sets nothing.
+    if !chains.is_empty() && !out.objects.iter().any(|(_, o)| o.name == object) {
+        out.objects.push((
+            out.table,
+            // Named after its Service: nft takes no comment on a timeout.
+            NamedObject {
+                name: object,
+                comment: None,
+                kind: ObjectDef::CtTimeout(policy),
+            },
+        ));
+    }
+    out.chains.extend(chains);
 }
 
 /// A port whose entries pick in the shared chains: each entry's endpoints go

@@ -118,7 +118,7 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         family,
         name: TABLE_NAME.to_string(),
         comment: Some("kube-nft: Kubernetes Services (managed by kube-nft, do not edit)".into()),
-        counters: Vec::new(),
+        objects: Vec::new(),
         sets: vec![
             set(SET_CLUSTER_IPS, vec![addr], None, "active ClusterIPs"),
             nodeport_ips_set(addr),
@@ -293,7 +293,7 @@ pub fn service_table_skeleton(id: TableId) -> Table {
         comment: Some(format!(
             "kube-nft: 1/{SERVICE_SHARDS} of the Services by name hash, their endpoints in a map per endpoint count (managed by kube-nft, do not edit)"
         )),
-        counters: Vec::new(),
+        objects: Vec::new(),
         sets: vec![
             nodeport_ips_set(addr),
             set(

@@ -129,7 +129,9 @@ fn tables_for(
         tables[own].chains.extend(rules.chains);
         tables[own].sets.extend(rules.sets);
         tables[main].chains.extend(rules.main_chains);
-        tables[main].counters.extend(rules.counters);
+        for (table, object) in rules.objects {
+            tables[index(table)].objects.push(object);
+        }
     }
     for (i, s) in shared {
         tables[i].chains.extend(s.chains(config.masquerade_mark()));

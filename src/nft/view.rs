@@ -9,7 +9,7 @@ use crate::netlink::attr::AttrWriter;
 use crate::netlink::expr::{Data, Expr, REG_1, REG_2};
 use crate::netlink::nftables::{NftError, NftSocket, TableVisitor};
 use crate::netlink::objects::{
-    CounterReading, KernelChain, KernelCounter, KernelElement, KernelRule, KernelSet, TableHeader,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, ObjectReading, TableHeader,
 };
 use crate::ruleset::{BaseChain, Mapped};
 use std::collections::HashMap;
@@ -120,8 +120,9 @@ pub struct SetView {
 pub struct TableView {
     pub family: Family,
     pub userdata: Option<Vec<u8>>,
-    /// Named counters by name (their values are of no concern to a sync).
-    pub counters: HashMap<String, KernelCounter>,
+    /// Named objects by type (`ObjectKind::type_id`) and name (a counter's
+    /// values are of no concern to a sync).
+    pub objects: HashMap<(u32, String), KernelObject>,
     pub sets: Vec<SetView>,
     pub chains: Vec<ChainView>,
     chain_index: HashMap<String, usize>,
@@ -133,7 +134,7 @@ impl TableView {
     pub fn new(
         family: Family,
         userdata: Option<Vec<u8>>,
-        counters: HashMap<String, KernelCounter>,
+        objects: HashMap<(u32, String), KernelObject>,
         sets: Vec<SetView>,
         chains: Vec<ChainView>,
     ) -> TableView {
@@ -150,7 +151,7 @@ impl TableView {
         TableView {
             family,
             userdata,
-            counters,
+            objects,
             sets,
             chains,
             chain_index,
@@ -266,8 +267,9 @@ impl TableVisitor for ViewBuilder {
         }
     }
 
-    fn counter(&mut self, c: CounterReading) {
-        self.0.counters.insert(c.counter.name.clone(), c.counter);
+    fn object(&mut self, r: ObjectReading) {
+        let key = (r.object.kind.type_id(), r.object.name.clone());
+        self.0.objects.insert(key, r.object);
     }
 }
 
@@ -276,7 +278,7 @@ impl ViewBuilder {
         ViewBuilder(TableView {
             family,
             userdata: None,
-            counters: HashMap::new(),
+            objects: HashMap::new(),
             sets: Vec::new(),
             chains: Vec::new(),
             chain_index: HashMap::new(),

@@ -39,7 +39,8 @@ pub const PROBE_PREFIX: &str = "kube-nft-probe-";
 /// ClusterIPs, a NodePort, external and load balancer IPs with source ranges,
 /// `externalTrafficPolicy: Local` with its health check, an entry of 20 ready
 /// endpoints (blocks, and `numgen random mod N < B`), one of 3 (a range map),
-/// session affinity, and a Service without endpoints (rejects).
+/// session affinity, a Service without endpoints (rejects), and conntrack
+/// timeouts of a Service's own.
 const SAMPLE: &str = r#"
 apiVersion: v1
 kind: Node
@@ -52,7 +53,10 @@ status:
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: every-shape, namespace: probe}
+metadata:
+  name: every-shape
+  namespace: probe
+  annotations: {kube-nft.io/conntrack-udp-timeout: 5s, kube-nft.io/conntrack-tcp-established-timeout: 1h}
 spec:
   type: LoadBalancer
   clusterIP: 198.51.100.1
@@ -213,10 +217,18 @@ pub fn probe(sock: &mut NftSocket) -> Result<(), Unsupported> {
             what,
             source,
             detail,
-        }) => Err(needs(format!(
-            "refused to {what}: {source}{}",
-            detail.map(|d| format!(" ({d})")).unwrap_or_default()
-        ))),
+        }) => {
+            // Distributions build it in; a kernel without it has no timeout objects.
+            let config = if what.contains("ct timeout") {
+                " (a kernel built without CONFIG_NF_CONNTRACK_TIMEOUT)"
+            } else {
+                ""
+            };
+            Err(needs(format!(
+                "refused to {what}: {source}{}{config}",
+                detail.map(|d| format!(" ({d})")).unwrap_or_default()
+            )))
+        }
         Err(e) => Err(Unsupported(format!("probing the kernel: {e}"))),
         Ok(_) => read_back(sock).and_then(|mut read| {
             tables.iter().try_for_each(|want| {
@@ -267,8 +279,8 @@ fn first_difference(want: &KernelTable, got: &KernelTable) -> String {
         Some(Difference::TableComment) => format!(
             "the comment of {table} (a table's comment, NFTA_TABLE_USERDATA, came in Linux 5.10)"
         ),
-        Some(Difference::Counter(c)) => format!(
-            "counter {c} of {table} (a named object's comment, NFTA_OBJ_USERDATA, came in Linux 5.10)"
+        Some(Difference::Object(o)) => format!(
+            "object {o} of {table} (a named object's comment, NFTA_OBJ_USERDATA, came in Linux 5.10)"
         ),
         Some(Difference::Set(s)) => format!("set {s} of {table}"),
         Some(Difference::SetComment(s)) => format!("the typeof and comment of set {s} of {table}"),
@@ -318,7 +330,7 @@ mod tests {
 
     /// Every statement the translation writes. `Counter` is not among them:
     /// it is only lifted (an anonymous counter in a rule someone added).
-    const STMT_KINDS: [&str; 20] = [
+    const STMT_KINDS: [&str; 21] = [
         "AddrMatch",
         "L4Proto",
         "CtStateNew",
@@ -338,6 +350,7 @@ mod tests {
         "Reject",
         "RejectTcpReset",
         "CounterByMap",
+        "CtTimeoutSet",
         "Verdict",
     ];
 
@@ -365,6 +378,7 @@ mod tests {
             Stmt::RejectTcpReset => "RejectTcpReset",
             Stmt::Counter => "Counter",
             Stmt::CounterByMap { .. } => "CounterByMap",
+            Stmt::CtTimeoutSet(_) => "CtTimeoutSet",
             Stmt::Verdict(_) => "Verdict",
         }
     }

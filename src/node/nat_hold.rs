@@ -37,7 +37,7 @@ pub fn hold_table(family: Family) -> Table {
             "kube-nft: keeps established connections translated through nft flush ruleset; gone with the process"
                 .to_string(),
         ),
-        counters: Vec::new(),
+        objects: Vec::new(),
         sets: Vec::new(),
         chains: vec![
             Chain {

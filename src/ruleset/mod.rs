@@ -135,19 +135,90 @@ pub struct Table {
     pub family: Family,
     pub name: String,
     pub comment: Option<String>,
-    /// Listed (and created) in this order, like `nft -f` does: named counters,
+    /// Listed (and created) in this order, like `nft -f` does: named objects,
     /// sets, chains.
-    pub counters: Vec<NamedCounter>,
+    pub objects: Vec<NamedObject>,
     pub sets: Vec<Set>,
     pub chains: Vec<Chain>,
 }
 
-/// A named counter object (`counter NAME { }`): rules and counter maps add to
-/// it, and it keeps its values while rules around it are rewritten.
+/// A named object of a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamedCounter {
+pub struct NamedObject {
     pub name: String,
     pub comment: Option<String>,
+    pub kind: ObjectDef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectDef {
+    /// `counter NAME { }`: rules and counter maps add to it, and it keeps its
+    /// values while rules around it are rewritten.
+    Counter,
+    /// `ct timeout NAME { }`: the conntrack timeouts that `ct timeout set`
+    /// gives the flows of the rule's packets.
+    CtTimeout(CtTimeoutPolicy),
+}
+
+/// A conntrack timeout policy of one protocol: the states it sets, in seconds;
+/// every other state keeps the kernel's default, which `nft` sends with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtTimeoutPolicy {
+    pub protocol: Protocol,
+    /// In the kernel's order of states (`CtTimeoutPolicy::states`).
+    pub set: Vec<(&'static str, u32)>,
+}
+
+impl CtTimeoutPolicy {
+    /// The states of a protocol that a policy may set, in the kernel's order
+    /// (`CTA_TIMEOUT_TCP_*`, `CTA_TIMEOUT_UDP_*`), with the defaults `nft`
+    /// sends for those it does not set (the kernel's built-in ones).
+    pub fn states(protocol: Protocol) -> &'static [(&'static str, u32)] {
+        match protocol {
+            Protocol::Tcp => &[
+                ("syn_sent", 120),
+                ("syn_recv", 60),
+                ("established", 432000),
+                ("fin_wait", 120),
+                ("close_wait", 60),
+                ("last_ack", 30),
+                ("time_wait", 120),
+                ("close", 10),
+                ("syn_sent2", 120),
+                ("retrans", 300),
+                ("unacknowledged", 300),
+            ],
+            Protocol::Udp => &[("unreplied", 30), ("replied", 120)],
+            Protocol::Sctp => &[],
+        }
+    }
+
+    /// Every state's timeout, in the kernel's order: what goes on the wire.
+    pub fn timeouts(&self) -> Vec<u32> {
+        CtTimeoutPolicy::states(self.protocol)
+            .iter()
+            .map(|(state, default)| {
+                let set = self.set.iter().find(|(s, _)| s == state);
+                set.map_or(*default, |(_, t)| *t)
+            })
+            .collect()
+    }
+
+    /// The policy of a wire array: the states whose timeout is not the
+    /// default (what `nft` lists). `None` if the array is not one we write.
+    pub fn from_timeouts(protocol: Protocol, timeouts: &[u32]) -> Option<CtTimeoutPolicy> {
+        let states = CtTimeoutPolicy::states(protocol);
+        if states.is_empty() || timeouts.len() != states.len() {
+            return None;
+        }
+        let set = states
+            .iter()
+            .zip(timeouts)
+            .filter(|((_, default), t)| *t != default)
+            .map(|((state, _), t)| (*state, *t))
+            .collect();
+        Some(CtTimeoutPolicy { protocol, set })
+    }
 }
 
 impl Table {
@@ -462,6 +533,9 @@ pub enum Stmt {
         fields: Vec<Field>,
         map: String,
     },
+    /// `ct timeout set "NAME"`: the flow of an unconfirmed packet takes the
+    /// timeouts of the `ct timeout` object NAME.
+    CtTimeoutSet(String),
     Verdict(Verdict),
 }
 

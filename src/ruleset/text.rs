@@ -6,8 +6,8 @@
 
 use crate::core::net::Family;
 use crate::ruleset::{
-    Chain, Direction, Element, Field, Hook, KeyType, MapData, NamedCounter, Rule, Set, Stmt, Table,
-    DYNAMIC_SET_SIZE,
+    Chain, Direction, Element, Field, Hook, KeyType, MapData, NamedObject, ObjectDef, Rule, Set,
+    Stmt, Table, DYNAMIC_SET_SIZE,
 };
 use std::fmt::Write;
 
@@ -92,6 +92,7 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
         Stmt::CounterByMap { fields: fs, map } => {
             format!("counter name {} map @{map}", fields(family, fs))
         }
+        Stmt::CtTimeoutSet(name) => format!("ct timeout set {}", quote(name)),
         Stmt::Verdict(v) => v.to_string(),
     }
 }
@@ -191,12 +192,23 @@ fn write_set(out: &mut String, s: &Set) {
     writeln!(out, "\t}}").unwrap();
 }
 
-fn write_counter(out: &mut String, c: &NamedCounter) {
-    writeln!(out, "\tcounter {} {{", c.name).unwrap();
-    if let Some(comment) = &c.comment {
+fn write_object(out: &mut String, family: Family, o: &NamedObject) {
+    match &o.kind {
+        ObjectDef::Counter => writeln!(out, "\tcounter {} {{", o.name).unwrap(),
+        ObjectDef::CtTimeout(_) => writeln!(out, "\tct timeout {} {{", o.name).unwrap(),
+    }
+    if let Some(comment) = &o.comment {
         writeln!(out, "\t\tcomment {}", quote(comment)).unwrap();
     }
-    writeln!(out, "\t\tpackets 0 bytes 0").unwrap();
+    match &o.kind {
+        ObjectDef::Counter => writeln!(out, "\t\tpackets 0 bytes 0").unwrap(),
+        ObjectDef::CtTimeout(p) => {
+            writeln!(out, "\t\tprotocol {}", p.protocol).unwrap();
+            writeln!(out, "\t\tl3proto {}", family.keyword()).unwrap();
+            let set: Vec<String> = p.set.iter().map(|(s, t)| format!("{s} : {t}")).collect();
+            writeln!(out, "\t\tpolicy = {{ {} }}", set.join(", ")).unwrap();
+        }
+    }
     writeln!(out, "\t}}").unwrap();
 }
 
@@ -251,12 +263,12 @@ pub fn table(t: &Table) -> String {
         writeln!(out, "\tcomment {}", quote(c)).unwrap();
     }
     let mut first = true;
-    for c in &t.counters {
+    for o in &t.objects {
         if !first {
             out.push('\n');
         }
         first = false;
-        write_counter(&mut out, c);
+        write_object(&mut out, t.family, o);
     }
     for s in &t.sets {
         if !first {

@@ -61,7 +61,7 @@ pub fn nftables(data: &[u8]) {
             let _ = KernelElement::parse_list(body);
         }
         5 => {
-            let _ = KernelCounter::parse(body, TABLE);
+            let _ = KernelObject::parse(body, TABLE);
         }
         6 => {
             let _ = expr::parse_list(body);

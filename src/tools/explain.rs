@@ -374,6 +374,13 @@ impl<'a> Walk<'a> {
                     return self.verdict(v, rule, depth);
                 }
                 Stmt::SetUpdate { .. } | Stmt::Counter | Stmt::CounterByMap { .. } => {}
+                Stmt::CtTimeoutSet(name) => {
+                    self.note(
+                        chain,
+                        rule,
+                        format_args!("its flow takes the timeouts of {name}"),
+                    );
+                }
                 Stmt::MarkOr(m) => self.mark |= m,
                 Stmt::MarkXor(m) => self.mark ^= m,
                 Stmt::Dnat { addr, port } => {

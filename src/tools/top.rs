@@ -4,7 +4,7 @@
 use crate::core::net::Family;
 use crate::netlink::nftables::{NftError, NftSocket};
 use crate::netlink::objects::comment_of;
-use crate::netlink::objects::CounterReading;
+use crate::netlink::objects::ObjectReading;
 use crate::ruleset::TABLE_NAME;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -19,10 +19,10 @@ pub struct PortTraffic {
 }
 
 /// Sums the families' readings per Service port; busiest (by bytes) first.
-pub fn rank(readings: impl IntoIterator<Item = CounterReading>) -> Vec<PortTraffic> {
+pub fn rank(readings: impl IntoIterator<Item = ObjectReading>) -> Vec<PortTraffic> {
     let mut by_port: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for r in readings {
-        let label = comment_of(&r.counter.userdata).unwrap_or(r.counter.name);
+        let label = comment_of(&r.object.userdata).unwrap_or(r.object.name);
         let sum = by_port.entry(label).or_default();
         sum.0 += r.packets;
         sum.1 += r.bytes;
@@ -80,12 +80,13 @@ pub fn table(rows: &[PortTraffic]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::objects::{comment_udata, KernelCounter};
+    use crate::netlink::objects::{comment_udata, KernelObject, ObjectKind};
 
-    fn reading(name: &str, label: &str, packets: u64, bytes: u64) -> CounterReading {
-        CounterReading {
-            counter: KernelCounter {
+    fn reading(name: &str, label: &str, packets: u64, bytes: u64) -> ObjectReading {
+        ObjectReading {
+            object: KernelObject {
                 name: name.into(),
+                kind: ObjectKind::Counter,
                 userdata: comment_udata(&Some(label.into())),
             },
             packets,

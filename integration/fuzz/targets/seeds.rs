@@ -82,9 +82,9 @@ fn nftables() {
                 keep(seed);
             }
         }
-        for counter in &table.counters {
+        for object in &table.objects {
             let mut w = AttrWriter::new();
-            counter.emit(name, &mut w);
+            object.emit(name, &mut w);
             keep(tagged(5, w));
         }
         for (i, set) in table.sets.iter().enumerate() {
