@@ -238,6 +238,14 @@ struct VersusArgs {
     /// memory before it was killed, next to a control plane of 8 GiB.
     #[arg(long, default_value_t = 30_000)]
     nft_f_max: usize,
+    /// Rounds of the data plane (0: none): each nftables ruleset, as its proxy
+    /// wrote it, loaded again and measured with a client outside the node and
+    /// pods behind the probe Service's ClusterIP and NodePort.
+    #[arg(long, default_value_t = 0)]
+    dataplane_rounds: usize,
+    /// How long each data-plane measurement sends, in seconds.
+    #[arg(long, default_value_t = 3.0)]
+    dataplane_seconds: f64,
 }
 
 #[derive(Args)]
@@ -679,6 +687,10 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
         logs: args.logs.clone(),
         plot: args.plot.clone(),
         nft_f_max: args.nft_f_max,
+        dataplane: (args.dataplane_rounds > 0).then_some(versus::DataplaneRuns {
+            rounds: args.dataplane_rounds,
+            seconds: args.dataplane_seconds,
+        }),
         etcd: args.etcd.map(|addr| versus::Etcd {
             addr,
             netns: args.etcd_netns.clone(),

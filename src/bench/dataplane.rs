@@ -36,15 +36,24 @@ pub struct DataResult {
     pub failed: usize,
 }
 
-/// The pods' server: accepts and drops connections, as cheaply as possible.
-struct EchoServer {
+/// The pods' server on `BACKEND_PORT`: accepts connections and drops them, as
+/// cheaply as possible, or (`sink`) reads each to its end, for long flows.
+pub(crate) struct EchoServer {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     netns: String,
 }
 
 impl EchoServer {
-    fn start(netns: &str) -> Result<EchoServer, String> {
+    pub(crate) fn start(netns: &str) -> Result<EchoServer, String> {
+        EchoServer::serve(netns, false)
+    }
+
+    pub(crate) fn sink(netns: &str) -> Result<EchoServer, String> {
+        EchoServer::serve(netns, true)
+    }
+
+    fn serve(netns: &str, sink: bool) -> Result<EchoServer, String> {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -62,7 +71,14 @@ impl EchoServer {
                 }
             };
             while !s.load(Ordering::Relaxed) {
-                let _ = listener.accept();
+                match listener.accept() {
+                    Ok((mut conn, _)) if sink => {
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut conn, &mut std::io::sink());
+                        });
+                    }
+                    _ => {}
+                }
             }
         });
         rx.recv().map_err(|e| e.to_string())??;
@@ -111,7 +127,7 @@ impl Drop for EchoServer {
 
 /// Opens and resets connections to `target` for `seconds`; returns the connect
 /// latencies in µs and the number of failures.
-fn hammer(target: SocketAddr, seconds: f64) -> (Vec<f64>, usize) {
+pub(crate) fn hammer(target: SocketAddr, seconds: f64) -> (Vec<f64>, usize) {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let (mut lat, mut failed) = (Vec::new(), 0);
     while Instant::now() < deadline {
@@ -139,11 +155,37 @@ fn hammer_until(target: SocketAddr, stop: &AtomicBool) -> (Vec<f64>, usize) {
     (lat, failed)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `flows` TCP connections to `target` that each send as fast as they can for
+/// `seconds`: their total throughput in Gbit/s (bytes the client wrote).
+/// Its threads start in the network namespace of the thread that calls it.
+pub(crate) fn bulk(target: SocketAddr, seconds: f64, flows: usize) -> Result<f64, String> {
+    let senders: Vec<_> = (0..flows)
+        .map(|_| {
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut conn = TcpStream::connect_timeout(&target, Duration::from_secs(3))
+                    .map_err(|e| format!("{target}: {e}"))?;
+                let buf = vec![0u8; 128 * 1024];
+                let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+                let mut sent = 0u64;
+                while Instant::now() < deadline {
+                    sent += conn.write(&buf).map_err(|e| e.to_string())? as u64;
+                }
+                Ok(sent)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for s in senders {
+        total += s.join().map_err(|_| "a sender panicked".to_string())??;
+    }
+    Ok(total as f64 * 8.0 / seconds / 1e9)
 }
 
 /// kube-proxy's iptables-mode nat and filter tables for the same Services, for

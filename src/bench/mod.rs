@@ -23,6 +23,7 @@ pub mod plot;
 pub mod reach;
 pub mod report;
 pub mod versus;
+pub mod versus_dataplane;
 
 use crate::core::model::{ClusterState, Endpoint, ServiceKey};
 use crate::core::node_config::{ModeName, NodeConfig};

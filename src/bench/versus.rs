@@ -28,6 +28,7 @@
 use super::etcd_load;
 pub use super::etcd_load::Etcd;
 use super::reach::reaches;
+use super::versus_dataplane;
 use super::{median, nft};
 use crate::netlink::monitor::Monitor;
 use crate::testbed::synthetic::endpoint_addr;
@@ -115,6 +116,15 @@ pub struct VersusOptions {
     pub etcd: Option<Etcd>,
     /// The largest size at which each ruleset is loaded again with `nft -f`.
     pub nft_f_max: usize,
+    /// Measure each nftables ruleset's data plane (`versus_dataplane`).
+    pub dataplane: Option<DataplaneRuns>,
+}
+
+/// The data plane's rounds, and how long each measurement sends.
+#[derive(Debug, Clone, Copy)]
+pub struct DataplaneRuns {
+    pub rounds: usize,
+    pub seconds: f64,
 }
 
 /// The medians of one contender at one size.
@@ -152,6 +162,10 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
         }
     });
     std::fs::create_dir_all(&opts.logs).map_err(|e| e.to_string())?;
+    let stage = match opts.dataplane {
+        Some(_) => Some(versus_dataplane::Stage::build("kbdp")?),
+        None => None,
+    };
     let mut made = 0;
     let mut all = Vec::new();
     for &size in &opts.sizes {
@@ -175,6 +189,15 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
             if made > 0 && made < size {
                 set_endpoints(&client, made - 1, &addresses(made - 1, false, opts.node_ip)).await?;
             }
+            if stage.is_some() {
+                // The pods serve the probe, through its ClusterIP and a NodePort,
+                // which the earlier size's probe gives up.
+                if made > 0 && made < size {
+                    node_port(&client, made - 1, false).await?;
+                }
+                set_endpoints(&client, size - 1, &versus_dataplane::pod_addresses()).await?;
+                node_port(&client, size - 1, true).await?;
+            }
             Ok::<(), String>(())
         })?;
         made = made.max(size);
@@ -183,16 +206,24 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
             t.elapsed().as_secs_f64()
         );
         let mut results = Vec::new();
+        let mut rulesets = Vec::new();
         for (k, &c) in opts.contenders.iter().enumerate() {
             // Each contender changes and deletes Services of its own.
             let first = k * 2 * opts.runs;
             // A contender that fails (kube-proxy's iptables mode does not sync
             // 10k Services over iptables-nft in minutes) is reported, not fatal.
-            let f = measure(opts, &runtime, &client, c, size, first);
+            let f = measure(opts, &runtime, &client, c, size, first).map(|(f, ruleset)| {
+                rulesets.extend(ruleset.map(|r| (c, r)));
+                f
+            });
             eprintln!("bench-kube-proxy: {size}: {}: {f:?}", c.title());
             results.push((c, f));
         }
         print!("{}", table(size, opts.runs, &results));
+        if let (Some(stage), Some(runs)) = (&stage, opts.dataplane) {
+            let rounds = data_plane(stage, opts, &rulesets, size, runs)?;
+            print!("{}", versus_dataplane::table(size, &rounds));
+        }
         all.push((size, results));
     }
     if let Some(path) = &opts.plot {
@@ -559,7 +590,7 @@ fn measure(
     c: Contender,
     size: usize,
     first: usize,
-) -> Result<Figures, String> {
+) -> Result<(Figures, Option<Vec<u8>>), String> {
     bare_node()?;
     let probe = SocketAddr::new(vip(size - 1), 80);
     let healthz = SocketAddr::new(IpAddr::V4(opts.node_ip), 10256);
@@ -578,11 +609,26 @@ fn measure(
             &opts.logs.join(format!("{tag}.nft")),
         )?),
     };
+    // The ruleset as it stands once synced, for the data plane's rounds.
+    let ruleset = match c {
+        Contender::KubeProxyIptables => None,
+        _ if opts.dataplane.is_none() => None,
+        _ => Some(nft(None, &["list", "ruleset"])?),
+    };
 
     let mut endpoint = Vec::new();
     let mut delete = Vec::new();
     let mut notes = Vec::new();
-    for r in 0..opts.runs {
+    // The Services it changes and deletes must leave the probe (the last) alone.
+    let changes = if first + 2 * opts.runs < size {
+        opts.runs
+    } else {
+        notes.push(format!(
+            "{size} Services leave none to change beside the probe"
+        ));
+        0
+    };
+    for r in 0..changes {
         let i = first + r;
         // The last endpoint goes: the first, 10.128.0.0, is also written as the
         // cluster CIDR's network address, which never leaves the ruleset.
@@ -645,7 +691,7 @@ fn measure(
 
     // Put back what this contender changed, for the next one.
     runtime.block_on(async {
-        for r in 0..opts.runs {
+        for r in 0..changes {
             let i = first + r;
             set_endpoints(client, i, &addresses(i, false, opts.node_ip)).await?;
         }
@@ -653,13 +699,13 @@ fn measure(
     })?;
     runtime.block_on(populate(
         client,
-        first + opts.runs,
-        first + 2 * opts.runs,
+        first + changes,
+        first + 2 * changes,
         None,
         opts.node_ip,
         false,
     ))?;
-    Ok(Figures {
+    let figures = Figures {
         start_to_traffic,
         endpoint_to_kernel: median_of(endpoint),
         delete_to_kernel: median_of(delete),
@@ -667,7 +713,60 @@ fn measure(
         peak_rss_mib,
         nft_f,
         notes,
-    })
+    };
+    Ok((figures, ruleset))
+}
+
+/// Makes Service `i` a NodePort Service (`versus_dataplane::NODE_PORT`), or
+/// with `on` false a ClusterIP Service again.
+async fn node_port(client: &Client, i: usize, on: bool) -> Result<(), String> {
+    let mut port = json!({"name": "http", "protocol": "TCP", "port": 80, "targetPort": PROBE_PORT});
+    if on {
+        port["nodePort"] = json!(versus_dataplane::NODE_PORT);
+    }
+    let kind = if on { "NodePort" } else { "ClusterIP" };
+    // A merge patch replaces the list of ports whole: without `nodePort`, none.
+    let patch = json!({"spec": {"type": kind, "ports": [port]}});
+    service_api(client, i)
+        .patch(
+            &service_name(i),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("making {} a NodePort Service: {e}", service_name(i)))
+}
+
+/// The data plane's rounds at one size: in each, every kept ruleset on the
+/// bare node (`nft -f` of its listing), then measured.
+fn data_plane(
+    stage: &versus_dataplane::Stage,
+    opts: &VersusOptions,
+    rulesets: &[(Contender, Vec<u8>)],
+    size: usize,
+    runs: DataplaneRuns,
+) -> Result<Vec<Vec<(&'static str, versus_dataplane::Traffic)>>, String> {
+    let mut rounds = Vec::new();
+    for round in 0..runs.rounds {
+        let mut measured = Vec::new();
+        for (c, ruleset) in rulesets {
+            bare_node()?;
+            let file = opts.logs.join(format!("{}-{size}-dataplane.nft", c.name()));
+            std::fs::write(&file, ruleset).map_err(|e| e.to_string())?;
+            nft(None, &["-f", file.to_str().unwrap_or_default()])?;
+            let t = stage.measure(vip(size - 1), opts.node_ip, runs.seconds)?;
+            eprintln!(
+                "bench-kube-proxy: {size}: data plane, round {}: {}: {t:?}",
+                round + 1,
+                c.title()
+            );
+            measured.push((c.title(), t));
+        }
+        rounds.push(measured);
+    }
+    bare_node()?;
+    Ok(rounds)
 }
 
 /// Lists the node's ruleset into `file`, then times `nft -f` of it into an
