@@ -62,6 +62,17 @@ pub(crate) fn nft(netns: Option<&str>, args: &[&str]) -> Result<Vec<u8>, String>
     Ok(out.stdout)
 }
 
+/// Deletes every conntrack entry of this process's namespace. `conntrack -F`
+/// says so on stderr, and fails when there is nothing to flush: only a missing
+/// binary is an error.
+pub(crate) fn flush_conntrack() -> Result<(), String> {
+    Command::new("conntrack")
+        .arg("-F")
+        .output()
+        .map(|_| ())
+        .map_err(|e| format!("conntrack: {e}"))
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]

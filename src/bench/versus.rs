@@ -29,7 +29,7 @@ use super::etcd_load;
 pub use super::etcd_load::Etcd;
 use super::reach::reaches;
 use super::versus_dataplane;
-use super::{median, nft};
+use super::{flush_conntrack, median, nft};
 use crate::netlink::monitor::Monitor;
 use crate::testbed::synthetic::endpoint_addr;
 use futures_util::{stream, StreamExt, TryStreamExt};
@@ -162,10 +162,10 @@ pub fn versus(opts: &VersusOptions) -> Result<(), String> {
         }
     });
     std::fs::create_dir_all(&opts.logs).map_err(|e| e.to_string())?;
-    let stage = match opts.dataplane {
-        Some(_) => Some(versus_dataplane::Stage::build("kbdp")?),
-        None => None,
-    };
+    let stage = opts
+        .dataplane
+        .map(|_| versus_dataplane::Stage::build("kbdp"))
+        .transpose()?;
     let mut made = 0;
     let mut all = Vec::new();
     for &size in &opts.sizes {
@@ -571,12 +571,7 @@ fn stop(child: &mut Child) {
 /// that each contender starts on a bare node.
 fn bare_node() -> Result<(), String> {
     nft(None, &["flush", "ruleset"])?;
-    // conntrack -F says so on stderr, and fails when there is nothing to flush.
-    Command::new("conntrack")
-        .arg("-F")
-        .output()
-        .map_err(|e| format!("conntrack: {e}"))?;
-    Ok(())
+    flush_conntrack()
 }
 
 fn peak_rss_mib(child: &Child) -> f64 {

@@ -16,11 +16,10 @@
 //! change its rules: the ruleset is what it wrote, frozen.
 
 use super::dataplane::{bulk, hammer, percentile, EchoServer};
-use super::median;
+use super::{flush_conntrack, median};
 use crate::testbed::netns::{in_netns, sysctl_in, Netns};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
 
 /// The probe Service's NodePort.
 pub const NODE_PORT: u16 = 30080;
@@ -58,19 +57,9 @@ pub struct Stage {
     pods: Netns,
 }
 
+/// `ip ARGS` in this (the node's) namespace, its error as text.
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(())
+    crate::testbed::netns::ip(args).map_err(|e| e.to_string())
 }
 
 impl Stage {
@@ -78,9 +67,11 @@ impl Stage {
     pub fn build(tag: &str) -> Result<Stage, String> {
         let client = Netns::create(&format!("{tag}-client")).map_err(|e| e.to_string())?;
         let pods = Netns::create(&format!("{tag}-pods")).map_err(|e| e.to_string())?;
-        for key in ["net.ipv4.ip_forward", "net.ipv4.conf.all.rp_filter"] {
-            let v = if key.ends_with("forward") { "1" } else { "0" };
-            std::fs::write(format!("/proc/sys/{}", key.replace('.', "/")), v)
+        for (key, value) in [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+        ] {
+            std::fs::write(format!("/proc/sys/{}", key.replace('.', "/")), value)
                 .map_err(|e| format!("{key}: {e}"))?;
         }
         let (c, p) = (client.name.as_str(), pods.name.as_str());
@@ -145,7 +136,7 @@ impl Stage {
         let cluster_ip = SocketAddr::new(vip, 80);
         let node_port = SocketAddr::new(IpAddr::V4(node_ip), NODE_PORT);
         let connect = |target: SocketAddr| -> Result<(f64, f64, f64, usize), String> {
-            flush_conntrack();
+            flush_conntrack()?;
             let (mut lat, failed) = in_netns(&self.client.name, move || hammer(target, seconds))
                 .map_err(|e| e.to_string())?;
             lat.sort_by(|a, b| a.total_cmp(b));
@@ -155,7 +146,7 @@ impl Stage {
         let flows = |target: SocketAddr, n: usize| -> Result<f64, String> {
             drop(self.resident.borrow_mut().take());
             let sink = EchoServer::sink(&self.pods.name)?;
-            flush_conntrack();
+            flush_conntrack()?;
             let gbit = in_netns(&self.client.name, move || bulk(target, seconds, n))
                 .map_err(|e| e.to_string());
             drop(sink);
@@ -177,10 +168,6 @@ impl Stage {
             failed: f1 + f2,
         })
     }
-}
-
-fn flush_conntrack() {
-    let _ = Command::new("conntrack").arg("-F").output();
 }
 
 /// A column of the table: its title, its figure, and whether higher is better.

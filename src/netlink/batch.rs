@@ -9,8 +9,8 @@ use super::message::{
     finish_msg, put_nlmsghdr, split_messages, NlMsg, NLMSG_HDRLEN, NLM_F_ACK, NLM_F_REQUEST,
 };
 use super::objects::{
-    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable, ObjectKind,
-    TableHeader, NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
+    KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable, TableHeader,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
 };
 use crate::core::net::Family;
 use crate::ruleset::TableId;
@@ -487,7 +487,7 @@ fn describe_message(m: &NlMsg) -> Option<String> {
     };
     let object = || {
         let o = KernelObject::parse(body, &table).ok().flatten()?.object;
-        Some((ObjectKind::keyword(o.kind.type_id()), o.name))
+        Some((o.kind.keyword(), o.name))
     };
     let elements = || {
         let set = KernelElement::list_set(body).ok().flatten()?;
@@ -601,7 +601,7 @@ pub fn delete_tables(tables: impl IntoIterator<Item = TableId>) -> Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::objects::{OBJECT_COUNTER, OBJECT_CT_TIMEOUT};
+    use crate::netlink::objects::{ObjectKind, OBJECT_COUNTER, OBJECT_CT_TIMEOUT};
 
     #[test]
     fn batch_is_framed_and_only_the_last_message_asks_for_an_ack() {

@@ -151,11 +151,10 @@ impl ObjectKind {
     }
 
     /// What `nft` calls the kind.
-    pub fn keyword(type_id: u32) -> &'static str {
-        match type_id {
-            OBJECT_COUNTER => "counter",
-            OBJECT_CT_TIMEOUT => "ct timeout",
-            _ => "object",
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            ObjectKind::Counter => "counter",
+            ObjectKind::CtTimeout { .. } => "ct timeout",
         }
     }
 }

@@ -128,7 +128,7 @@ pub fn lift_rule(family: Family, k: &KernelRule) -> Result<Rule, LiftError> {
 }
 
 fn lift_object(family: Family, k: &KernelObject) -> Result<NamedObject, LiftError> {
-    let what = || format!("{} {}", ObjectKind::keyword(k.kind.type_id()), k.name);
+    let what = || format!("{} {}", k.kind.keyword(), k.name);
     let kind = match &k.kind {
         ObjectKind::Counter => Some(ObjectDef::Counter),
         ObjectKind::CtTimeout {

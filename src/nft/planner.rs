@@ -231,17 +231,17 @@ fn lower_service(
         .chain(rules.main_chains.iter().map(|c| (main, c)))
         .map(|(t, c)| (t, lower_chain(family, c)))
         .collect();
+    let objects: Vec<(TableId, KernelObject)> = rules
+        .objects
+        .iter()
+        .map(|(t, o)| (*t, lower_object(family, o)))
+        .collect();
     let table = rules.table;
     LoweredService {
         sets: rules
             .sets
             .iter()
             .map(|s| (rules.table, lower_set(s)))
-            .collect(),
-        objects: rules
-            .objects
-            .iter()
-            .map(|(t, o)| (*t, lower_object(family, o)))
             .collect(),
         footprint: Footprint {
             chains: chains.iter().map(|(t, c)| (*t, c.name.clone())).collect(),
@@ -250,10 +250,9 @@ fn lower_service(
                 .iter()
                 .map(|s| (rules.table, s.name.clone()))
                 .collect(),
-            objects: rules
-                .objects
+            objects: objects
                 .iter()
-                .map(|(t, o)| (*t, lower_object(family, o).kind.type_id(), o.name.clone()))
+                .map(|(t, o)| (*t, o.kind.type_id(), o.name.clone()))
                 .collect(),
             slots: rules
                 .slots
@@ -275,6 +274,7 @@ fn lower_service(
             hairpin: rules.hairpin.clone(),
             memo: None,
         },
+        objects,
         elements,
         chains,
     }
