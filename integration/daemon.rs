@@ -353,6 +353,52 @@ fn in_a_pid_namespace_of_its_own_the_daemon_knows_its_own_commits() {
     assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
 }
 
+/// The periodic verification (once an hour by default) runs beside the syncs
+/// (`nft::verifier`): it finds our tables as synced, changes made while it
+/// runs are applied by partial syncs as at any other time, and it is no full
+/// sync.
+#[test]
+fn the_periodic_verification_runs_beside_changes_and_is_no_full_sync() {
+    let c = Cluster::new("verify", &WEB_PODS, &[9376]);
+    let all = ["10.244.0.11", "10.244.0.12", "10.244.0.13"];
+    let manifests = c.scratch.write("web.yaml", &web(&all[..1]));
+    let mut d = Daemon::start(
+        c.node(),
+        &manifests,
+        c.scratch.0.join("log"),
+        &[
+            "--sync-period",
+            "300ms",
+            "--verification-period",
+            "300ms",
+            "--min-sync-period",
+            "20ms",
+        ],
+    );
+    let verified = |d: &Daemon| d.log_text().matches("verified: our tables hold").count();
+    wait_until(Duration::from_secs(10), "a first verification", || {
+        d.assert_running();
+        verified(&d) >= 1
+    });
+    // A manifest is read once it has been still for a poll (250 ms).
+    for n in [2, 3, 1, 2, 1, 3] {
+        let partial = d.syncs("Partial");
+        std::fs::write(&manifests, web(&all[..n])).unwrap();
+        wait_until(Duration::from_secs(5), "the change to be synced", || {
+            d.syncs("Partial") > partial
+        });
+    }
+    let before = verified(&d);
+    wait_until(Duration::from_secs(10), "three more verifications", || {
+        verified(&d) >= before + 3
+    });
+    let log = d.log_text();
+    assert_eq!(d.syncs("Full"), 1, "a full sync besides the first:\n{log}");
+    assert!(!log.contains("changed outside kube-nft"), "{log}");
+    let t = tally(c.client(), "10.96.0.10:80", 30, false);
+    assert!(t.errors.is_empty() && t.answers.len() == 3, "{t:?}");
+}
+
 #[test]
 fn traffic_never_stops_while_its_manifest_is_rewritten_in_pieces_emptied_cut_or_garbled() {
     let c = Cluster::new("rewrite", &WEB_PODS, &[9376]);

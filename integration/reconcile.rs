@@ -6,7 +6,9 @@
 //! Each case is written once, generic over the kernel, and `cases!` runs the
 //! list twice: `namespace::` in a fresh network namespace (root), and `fake::`
 //! against `FakeKernel` (no root, milliseconds). The fake is worth its speed
-//! only while the kernel agrees with it, so no case runs on one side alone.
+//! only while the kernel agrees with it, so no case runs on one side alone,
+//! but the verification off the path of changes: it reads through a second
+//! socket, which the fake has not.
 
 mod common;
 
@@ -19,7 +21,7 @@ use kube_nft::core::endpoint_key::key_operations;
 use kube_nft::core::model::ClusterState;
 use kube_nft::core::net::Family;
 use kube_nft::core::node_config::NodeConfig;
-use kube_nft::engine::dataplane::SyncKind;
+use kube_nft::engine::dataplane::{SyncKind, Verification};
 use kube_nft::engine::{Engine, Proxy};
 use kube_nft::netlink::objects::{KernelElement, KernelTable};
 use kube_nft::netlink::{Batch, Committed, NftError, NftSocket};
@@ -29,7 +31,7 @@ use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
 use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
 use kube_nft::nft::translate::translate;
 use kube_nft::nft::view::{RuleView, TableView};
-use kube_nft::ruleset::{Field, Rule, Ruleset, Stmt, TableId};
+use kube_nft::ruleset::{Field, Mapped, Rule, Ruleset, Stmt, TableId};
 use kube_nft::testbed::netns::{in_netns, Netns};
 use std::cell::Cell;
 use std::rc::Rc;
@@ -131,6 +133,9 @@ impl<H: NftKernel> NftKernel for Counted<H> {
         self.commits.set(self.commits.get() + 1);
         self.inner.commit(batch)
     }
+    fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
+        self.inner.second_socket()
+    }
 }
 
 /// Every case, run against both kernels.
@@ -220,17 +225,14 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
     let affinity = |timeout: Option<u32>| -> Box<dyn Fn(&mut Proxy)> {
         Box::new(move |p| {
             p.update(&service_key(7), |s| {
-                s.services
-                    .get_mut(&service_key(7))
-                    .unwrap()
-                    .affinity_timeout = timeout
+                s.service_mut(&service_key(7)).unwrap().affinity_timeout = timeout
             })
         })
     };
     let timeouts = |i: usize, tcp: Option<u32>| -> Box<dyn Fn(&mut Proxy)> {
         Box::new(move |p| {
             p.update(&service_key(i), |s| {
-                let svc = s.services.get_mut(&service_key(i)).unwrap();
+                let svc = s.service_mut(&service_key(i)).unwrap();
                 svc.conntrack_timeouts.tcp_established = tcp;
             })
         })
@@ -281,7 +283,7 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             "a NodePort and an external IP (masquerade-pick chains)",
             Box::new(|p| {
                 p.update(&service_key(9), |s| {
-                    let svc = s.services.get_mut(&service_key(9)).unwrap();
+                    let svc = s.service_mut(&service_key(9)).unwrap();
                     svc.ports[0].node_port = Some(30009);
                     svc.external_ips = vec!["192.0.2.9".parse().unwrap()];
                 })
@@ -291,7 +293,7 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             "a Local policy (the port's external- and nodeport- chains, local picks)",
             Box::new(|p| {
                 p.update(&service_key(9), |s| {
-                    let svc = s.services.get_mut(&service_key(9)).unwrap();
+                    let svc = s.service_mut(&service_key(9)).unwrap();
                     svc.external_policy_local = true;
                 })
             }),
@@ -391,19 +393,7 @@ fn endpoint_change_transaction_size_does_not_grow_with_services(h: &Harness<impl
 fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs(h: &Harness<impl Kernel>) {
     let p = &mut h.synced_proxy(10, 3);
     // Behind the proxy's back, remove an element it believes is there.
-    let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
-    let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
-    let element = h
-        .kernel
-        .handle()
-        .read_set_elements(table, MAP_SERVICE_IPS)
-        .unwrap()
-        .into_iter()
-        .find(|e| e.key.starts_with(&vip.octets()))
-        .expect("the element is there");
-    let mut batch = Batch::new();
-    batch.delete_elements(Family::Ip, table.name(), MAP_SERVICE_IPS, &[element]);
-    h.commit(batch).unwrap();
+    let table = remove_service_3s_cluster_ip(h);
     // One change deletes that element (Service 3 goes away), another adds a Service.
     p.update(&service_key(3), |s| {
         s.services.remove(&service_key(3));
@@ -429,6 +419,25 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs(h: &Harnes
     let r = p.sync().unwrap();
     assert_eq!(r.kind, SyncKind::Full);
     assert!(p.verify().unwrap());
+}
+
+/// Deletes Service 3's ClusterIP element (10.96.0.4) from its table, behind
+/// the proxies' backs; the table.
+fn remove_service_3s_cluster_ip(h: &Harness<impl Kernel>) -> TableId {
+    let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
+    let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
+    let element = h
+        .kernel
+        .handle()
+        .read_set_elements(table, MAP_SERVICE_IPS)
+        .unwrap()
+        .into_iter()
+        .find(|e| e.key.starts_with(&vip.octets()))
+        .expect("the element is there");
+    let mut batch = Batch::new();
+    batch.delete_elements(Family::Ip, table.name(), MAP_SERVICE_IPS, &[element]);
+    h.commit(batch).unwrap();
+    table
 }
 
 /// Earlier versions kept every Service chain and the dispatch maps in the main
@@ -603,8 +612,7 @@ fn a_change_in_a_large_service_costs_what_it_changes(h: &Harness<impl Kernel>) {
             add_service(p, i, 3);
         }
         p.update(&service_key(0), |s| {
-            s.services
-                .insert(service_key(0), kube_nft::testbed::synthetic::service(0));
+            s.put_service(kube_nft::testbed::synthetic::service(0));
             let addrs: Vec<_> = (0..n).map(|j| endpoint_addr(10_000 + j)).collect();
             set_endpoints(s, 0, &addrs)
         });
@@ -649,4 +657,119 @@ fn a_change_in_a_large_service_costs_what_it_changes(h: &Harness<impl Kernel>) {
             "{what}: {large} key operations in a Service of 10,000 endpoints, {small} in one of 1,000"
         );
     }
+}
+
+/// The periodic verification runs beside the syncs (`nft::verifier`): a sync
+/// during it commits at once, drift in what no sync touched meanwhile is found
+/// (in that round, unless the sync's commit came during its read), and what a
+/// sync touched is judged in a next one.
+#[test]
+fn the_verification_beside_syncs_finds_drift_and_judges_what_they_touched_again() {
+    require_root();
+    let ns = Netns::create(&unique("verification")).unwrap();
+    in_netns(&ns.name, || {
+        let h = Harness::new(Namespace);
+        let p = &mut h.synced_proxy(60, 3);
+        assert_eq!(verify_beside(p, |_| ()), Verification::Matches);
+
+        // Service 3's ClusterIP element goes, behind the proxy's back, and a
+        // sync of another Service of its table runs during the round.
+        let drifted = remove_service_3s_cluster_ip(&h);
+        let same_table = |i: usize| shard_of(&service_key(i)) == shard_of(&service_key(3));
+        let neighbour = (4..60).find(|i| same_table(*i)).unwrap();
+        let answer = verify_beside(p, |p| move_endpoint(p, neighbour, endpoint_addr(50_000)));
+        let want = Verification::Differs(format!("an element of {drifted} {MAP_SERVICE_IPS}"));
+        // Unsettled where the sync's commit came during the round's read,
+        // which may then have missed or repeated anything: a quiet round
+        // judges.
+        if answer == Verification::Unsettled {
+            assert_eq!(verify_beside(p, |_| ()), want);
+        } else {
+            assert_eq!(answer, want);
+        }
+        p.request_full_sync();
+        p.sync().unwrap();
+        assert!(p.verify().unwrap());
+
+        // The element of the neighbour's endpoint that a sync during the
+        // round moves is changed behind the proxy's back: judged in the next
+        // round, which finds it as the sync left it.
+        let moved = endpoint_addr(50_000);
+        let (table, set, element) = TableId::all_of(Family::Ip)
+            .flat_map(|t| h.read_table(t).sets.into_iter().map(move |s| (t, s)))
+            .find_map(|(t, s)| {
+                let e = s
+                    .elements
+                    .iter()
+                    .find(|e| matches!(e.data, Some(Mapped::Endpoint(a, _)) if a == moved))?;
+                Some((t, s.name.clone(), e.clone()))
+            })
+            .expect("the endpoint has an element");
+        let mut changed = element.clone();
+        changed.data = Some(Mapped::Endpoint("10.255.0.99".parse().unwrap(), 80));
+        let mut batch = Batch::new();
+        batch.delete_elements(Family::Ip, table.name(), &set, &[element]);
+        batch.add_elements(Family::Ip, table.name(), &set, &[changed]);
+        h.commit(batch).unwrap();
+        let answer = verify_beside(p, |p| move_endpoint(p, neighbour, endpoint_addr(50_001)));
+        assert_eq!(answer, Verification::Unsettled);
+        assert_eq!(verify_beside(p, |_| ()), Verification::Matches);
+
+        // Moves in a Service of 12 endpoints during rounds: a round that read
+        // a move is unsettled, never drift, though its plan against the
+        // older snapshot places that Service's endpoints in other slots.
+        add_service(p, 60, 12);
+        p.sync().unwrap();
+        let mut answers = Vec::new();
+        for r in 0..20 {
+            let to = endpoint_addr(60_000 + r);
+            answers.push(verify_beside(p, |p| move_endpoint(p, 60, to)));
+        }
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Verification::Matches | Verification::Unsettled)),
+            "{answers:?}"
+        );
+
+        // A full sync during a round makes it moot: no answer.
+        assert!(p.begin_verification());
+        p.request_full_sync();
+        p.sync().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(p.verification(), None);
+        assert_eq!(verify_beside(p, |_| ()), Verification::Matches);
+    })
+    .unwrap();
+}
+
+/// One round of the verification, with `meanwhile` done (and synced) while
+/// it runs; its answer.
+fn verify_beside(p: &mut Proxy, meanwhile: impl FnOnce(&mut Proxy)) -> Verification {
+    assert!(
+        p.begin_verification(),
+        "a real kernel verifies off the path"
+    );
+    meanwhile(p);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Some(answer) = p.verification() {
+            return answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer in 30 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Service `i`'s first endpoint moves to `to`; synced, partially.
+fn move_endpoint(p: &mut Proxy, i: usize, to: std::net::IpAddr) {
+    let slices = &p.state().slices[&service_key(i)];
+    let mut addrs: Vec<std::net::IpAddr> = slices
+        .values()
+        .flat_map(|s| s.endpoints.iter().map(|e| e.addr))
+        .collect();
+    addrs[0] = to;
+    p.update(&service_key(i), |s| set_endpoints(s, i, &addrs));
+    let r = p.sync().unwrap();
+    assert_eq!(r.kind, SyncKind::Partial);
 }

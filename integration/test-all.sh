@@ -51,6 +51,18 @@ bounded() {
 
 source integration/install-deps.sh
 
+# A disk that fills mid-run fails the kind steps with little said (kind cannot
+# load an image, helm cannot write its release): warn first. A run with warm
+# caches writes about $disk_need GiB (the build, the kind nodes, the images).
+disk_need=12
+for dir in . "${KUBE_NFT_CACHE:-/var/cache/kube-nft}" /var/lib/docker "${TMPDIR:-/tmp}"; do
+  [ -d "$dir" ] || continue
+  df -P -B1G "$dir" | awk 'NR == 2 { print $1, $4, $6 }'
+done | sort -u -k1,1 | while read -r _ free mount; do
+  ((free >= disk_need)) ||
+    echo "warning: $free GiB free on $mount, where a run writes about $disk_need GiB (more the first time): the kind steps may fail for want of space" >&2
+done
+
 # Kubernetes' own components for integration/cluster.rs, built from their Go
 # modules when missing (cached outside the checkout; several minutes the first time).
 bash integration/k8s/build.sh >/dev/null

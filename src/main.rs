@@ -113,6 +113,19 @@ enum Command {
         #[arg(long, default_value = "kube-nft-bench-ipvs")]
         prefix: String,
     },
+    /// A change made while the periodic verification runs, against the same
+    /// change on a quiet proxy and behind a full sync, at several cluster
+    /// sizes (a synthetic cluster, in a scratch namespace).
+    BenchVerification {
+        /// Cluster sizes in Services, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+        sizes: Vec<usize>,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        #[arg(long, default_value_t = 11)]
+        runs: usize,
+    },
     /// One full sync of a synthetic cluster in a fresh process (used by `bench`).
     #[command(hide = true)]
     BenchChild {
@@ -470,6 +483,14 @@ fn main() -> ExitCode {
         })
         .map(|report| {
             print!("{report}");
+            true
+        }),
+        Command::BenchVerification {
+            sizes,
+            endpoints,
+            runs,
+        } => kube_nft::bench::verification::run(&sizes, endpoints, runs).map(|rows| {
+            print!("{}", kube_nft::bench::verification::table(&rows, runs));
             true
         }),
         Command::BenchChild {

@@ -37,8 +37,13 @@ k8s_bin=$(bash "$here/../k8s/build.sh")
 # The one image the selected tests run, under the name they ask for, in every
 # node: nothing is pulled (every pod's image is IfNotPresent).
 agnhost=$(bash "$kind_dir/local-images.sh" agnhost)
-"$(kind_bin)" load docker-image --name "$name" "$agnhost" >/dev/null 2>&1 ||
+# Quiet when it works; on a failure kind's own words, and the free space of the
+# disks it writes to (a full disk is what failed it before).
+if ! loaded=$("$(kind_bin)" load docker-image --name "$name" "$agnhost" 2>&1); then
+  echo "$loaded" >&2
+  df -h "$(docker info -f '{{.DockerRootDir}}')" "${TMPDIR:-/tmp}" >&2 || true
   fail "$proxy: e2e: loading $agnhost into $name"
+fi
 
 log "$proxy: e2e: running $( [ "$all" = 1 ] && echo "the whole selection" || echo "its [Conformance] tests"), ${E2E_PROCS:-4} at a time; report in $out"
 started=$(date +%s)

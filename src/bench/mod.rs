@@ -22,6 +22,7 @@ pub mod operator;
 pub mod plot;
 pub mod reach;
 pub mod report;
+pub mod verification;
 pub mod versus;
 pub mod versus_dataplane;
 
@@ -457,8 +458,7 @@ fn incremental_changes(
             let addrs: Vec<IpAddr> = (0..10)
                 .map(|k| IpAddr::from((0x0c00_0000u32 + (j * 16 + k) as u32).to_be_bytes()))
                 .collect();
-            s.services
-                .insert(synthetic::service_key(j), synthetic::service(j));
+            s.put_service(synthetic::service(j));
             s.slices
                 .entry(synthetic::service_key(j))
                 .or_default()

@@ -112,6 +112,10 @@ pub struct Flags {
     /// The least time between syncs; changes within it go out together (default 1s).
     #[arg(long, value_parser = parse_duration)]
     pub min_sync_period: Option<Duration>,
+    /// How often the kernel is verified against the whole state while drift
+    /// is watched (default 1h, as kube-proxy's full sync; the tests shorten it).
+    #[arg(long, value_parser = parse_duration, hide = true)]
+    pub verification_period: Option<Duration>,
     /// kube-proxy's `--oom-score-adj` (set through `KubeProxyFlags`).
     #[arg(skip)]
     pub oom_score_adj: Option<i32>,
@@ -262,6 +266,8 @@ pub struct Settings {
     pub metrics_bind_address: Option<SocketAddr>,
     pub sync_period: Duration,
     pub min_sync_period: Duration,
+    /// `--verification-period`, where given.
+    pub verification_period: Option<Duration>,
     pub oom_score_adj: Option<i32>,
     /// The conntrack sysctls to set at start.
     pub conntrack: ConntrackSettings,
@@ -808,6 +814,7 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
             )?
             .unwrap_or(DEFAULT_MIN_SYNC_PERIOD),
         },
+        verification_period: flags.verification_period,
         oom_score_adj: flags.oom_score_adj.or(file.oom_score_adj),
         conntrack: file
             .conntrack

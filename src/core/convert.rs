@@ -657,7 +657,7 @@ pub fn build_state(objects: &Objects, node_name: Option<&str>) -> Validated {
     for s in &objects.services {
         match convert_service(s, &mut out.skipped_values) {
             Ok(Converted::Valid(svc)) => {
-                out.state.services.insert(svc.key.clone(), svc);
+                out.state.put_service(svc);
             }
             Ok(Converted::Skipped(why)) => out.skipped.push((
                 format!(

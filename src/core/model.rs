@@ -372,13 +372,67 @@ impl FromIterator<EndpointSlice> for Slices {
 /// Everything kube-nft proxies, as validated objects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterState {
-    pub services: BTreeMap<ServiceKey, Service>,
+    pub services: BTreeMap<ServiceKey, Arc<Service>>,
     /// Slices by Service.
     pub slices: BTreeMap<ServiceKey, Slices>,
     pub node: Option<NodeInfo>,
 }
 
+/// A snapshot of a `ClusterState`, for another thread to read while the state
+/// goes on changing (`nft::verifier`): its objects, shared. Taking it costs
+/// the state's owner a pointer per object and no map; `to_state` builds the
+/// maps, on the thread that reads them. (A clone of the maps, keys and all,
+/// took 7.6 ms at 10k Services.)
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    services: Vec<Arc<Service>>,
+    slices: Vec<Arc<EndpointSlice>>,
+    node: Option<NodeInfo>,
+}
+
+impl Snapshot {
+    pub fn to_state(&self) -> ClusterState {
+        let mut state = ClusterState {
+            node: self.node.clone(),
+            ..ClusterState::default()
+        };
+        for svc in &self.services {
+            state.services.insert(svc.key.clone(), svc.clone());
+        }
+        // Slices come grouped by Service and in name order, as kept.
+        for slice in &self.slices {
+            let slices = state.slices.entry(slice.service.clone()).or_default();
+            slices.0.push(slice.clone());
+        }
+        state
+    }
+}
+
 impl ClusterState {
+    /// This state as it is now, for another thread (`Snapshot`).
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            services: self.services.values().cloned().collect(),
+            slices: self
+                .slices
+                .values()
+                .flat_map(|s| s.0.iter().cloned())
+                .collect(),
+            node: self.node.clone(),
+        }
+    }
+
+    /// Adds the Service, or replaces the one of its key. Services are shared
+    /// (`Arc`), so that a `Snapshot` costs a pointer per Service.
+    pub fn put_service(&mut self, svc: Service) -> Option<Arc<Service>> {
+        self.services.insert(svc.key.clone(), Arc::new(svc))
+    }
+
+    /// The Service to change in place (copied first if a snapshot shares it).
+    pub fn service_mut(&mut self, key: &ServiceKey) -> Option<&mut Service> {
+        self.services.get_mut(key).map(Arc::make_mut)
+    }
+
     /// The Services whose Service object or EndpointSlices differ in `other`.
     pub fn changed_services(&self, other: &ClusterState) -> Vec<ServiceKey> {
         let keys: BTreeSet<&ServiceKey> = self
@@ -452,4 +506,34 @@ pub fn prefer(candidate: &PortEndpoint, current: &PortEndpoint) -> bool {
 
 fn rank(c: &Conditions) -> u8 {
     (c.ready as u8) * 2 + c.serving as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testbed::synthetic;
+
+    #[test]
+    fn a_snapshot_builds_the_state_it_was_taken_of() {
+        let mut state = synthetic::state(40, 400);
+        // A second slice of one Service, and the slice of a Service not (yet)
+        // known.
+        let mut second = synthetic::slice(7, &[synthetic::endpoint(7, 20)]);
+        second.name = "svc-00007-second".into();
+        state
+            .slices
+            .get_mut(&synthetic::service_key(7))
+            .unwrap()
+            .insert(second);
+        let orphan = synthetic::slice(99, &[synthetic::endpoint(99, 0)]);
+        state
+            .slices
+            .entry(synthetic::service_key(99))
+            .or_default()
+            .insert(orphan);
+        let snapshot = state.snapshot();
+        assert_eq!(snapshot.to_state(), state);
+        // Later changes to the state are not the snapshot's.
+        state.services.remove(&synthetic::service_key(3));
+        assert_ne!(snapshot.to_state(), state);
+    }
 }

@@ -423,7 +423,7 @@ mod tests {
             ..Service::default()
         };
         ClusterState {
-            services: [(key, svc)].into_iter().collect(),
+            services: [(key, std::sync::Arc::new(svc))].into_iter().collect(),
             node,
             ..ClusterState::default()
         }

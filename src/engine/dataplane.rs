@@ -3,10 +3,11 @@
 //! order, each through the same two syncs. Adding a dataplane means writing its
 //! module and naming it in `assemble::dataplanes`.
 
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, ServiceKey, Snapshot};
 use crate::core::node_config::NodeConfig;
 use crate::netlink::Committed;
 use std::fmt;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncKind {
@@ -78,4 +79,30 @@ pub trait Dataplane {
 
     /// Whether the kernel holds exactly what this dataplane wants (full readback).
     fn verify(&mut self, state: &ClusterState, config: &NodeConfig) -> Result<bool, SyncError>;
+
+    /// Begins checking, off the path of changes, that the kernel holds what
+    /// `snapshot` asks for; `verification` has the answer once done. False
+    /// where the dataplane cannot: a full sync verifies it.
+    fn begin_verification(&mut self, _snapshot: Arc<Snapshot>, _config: &NodeConfig) -> bool {
+        false
+    }
+
+    /// The answer of the verification begun, once there is one.
+    fn verification(&mut self) -> Option<Verification> {
+        None
+    }
+}
+
+/// What a verification off the path of changes found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification {
+    /// The kernel holds what the snapshot asked for.
+    Matches,
+    /// It does not, where said: a full sync repairs it.
+    Differs(String),
+    /// Changes committed meanwhile left part of it unjudged: begin again,
+    /// with a newer snapshot, for that part.
+    Unsettled,
+    /// The kernel could not be read.
+    Failed(String),
 }

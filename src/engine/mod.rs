@@ -3,10 +3,14 @@
 //! a full one; each dataplane decides what to write.
 //!
 //! - A **full sync** runs at start (so a restart over a correct kernel writes
-//!   nothing), periodically, after any failed sync, when the node or its
-//!   settings changed, and when someone else changed our tables.
+//!   nothing), after any failed sync, when the node or its settings changed,
+//!   when someone else changed our tables, and periodically where a dataplane
+//!   cannot verify beside the syncs.
 //! - A **partial sync** brings only the changed Services to their desired state;
 //!   its cost follows the change, not the cluster.
+//! - A **verification** checks, beside the syncs, that the kernel holds what a
+//!   snapshot of the model asks for; what it finds different, a full sync
+//!   repairs.
 //!
 //! Dataplanes run in order, full after full and partial after partial. If one
 //! fails the kernel keeps what it had there, and the next sync is full.
@@ -20,11 +24,12 @@
 
 pub mod dataplane;
 
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, ServiceKey, Snapshot};
 use crate::core::node_config::NodeConfig;
 use crate::netlink::Committed;
-use dataplane::{Dataplane, SyncError, SyncKind, Written};
+use dataplane::{Dataplane, SyncError, SyncKind, Verification, Written};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What one sync did.
@@ -47,6 +52,8 @@ pub struct Engine {
     dataplanes: Vec<Box<dyn Dataplane>>,
     dirty: BTreeSet<ServiceKey>,
     full_sync_needed: bool,
+    /// Each dataplane's answer to the verification in progress, as it comes.
+    verifying: Option<Vec<Option<Verification>>>,
 }
 
 impl Engine {
@@ -59,6 +66,7 @@ impl Engine {
             dataplanes,
             dirty: BTreeSet::new(),
             full_sync_needed: true,
+            verifying: None,
         }
     }
 
@@ -139,6 +147,10 @@ impl Engine {
             }
         }
         self.dirty.clear();
+        if kind == SyncKind::Full {
+            // It read everything back: a verification in progress is moot.
+            self.verifying = None;
+        }
         self.full_sync_needed = false;
         let mut committed = Committed::default();
         for (_, w) in &written {
@@ -157,6 +169,49 @@ impl Engine {
             written,
             duration: started.elapsed(),
         })
+    }
+
+    /// Begins the periodic verification off the path of changes, against
+    /// `snapshot` (the state as last synced: nothing pending). Where a
+    /// dataplane cannot, the next sync is a full one instead, and false.
+    pub fn begin_verification(&mut self, snapshot: Snapshot) -> bool {
+        let snapshot = Arc::new(snapshot);
+        let mut all = true;
+        for d in &mut self.dataplanes {
+            all &= d.begin_verification(snapshot.clone(), &self.config);
+        }
+        if all {
+            self.verifying = Some(vec![None; self.dataplanes.len()]);
+        } else {
+            self.full_sync_needed = true;
+        }
+        all
+    }
+
+    /// Whether a verification is in progress.
+    pub fn verifying(&self) -> bool {
+        self.verifying.is_some()
+    }
+
+    /// The verification's answer, once every dataplane has given its own:
+    /// the first that is not `Matches`, else `Matches`.
+    pub fn verification(&mut self) -> Option<Verification> {
+        let answers = self.verifying.as_mut()?;
+        for (d, a) in self.dataplanes.iter_mut().zip(answers.iter_mut()) {
+            if a.is_none() {
+                *a = d.verification();
+            }
+        }
+        if answers.iter().any(Option::is_none) {
+            return None;
+        }
+        let answers = self.verifying.take()?.into_iter().flatten();
+        Some(
+            answers
+                .into_iter()
+                .find(|a| *a != Verification::Matches)
+                .unwrap_or(Verification::Matches),
+        )
     }
 
     /// Whether every dataplane's kernel state is exactly what `state` asks for.
@@ -250,5 +305,14 @@ impl Proxy {
 
     pub fn verify(&mut self) -> Result<bool, SyncError> {
         self.engine.verify(&self.state)
+    }
+
+    /// `Engine::begin_verification` against the model as it is.
+    pub fn begin_verification(&mut self) -> bool {
+        self.engine.begin_verification(self.state.snapshot())
+    }
+
+    pub fn verification(&mut self) -> Option<Verification> {
+        self.engine.verification()
     }
 }

@@ -125,10 +125,7 @@ fn partial_syncs_send_only_what_changed() {
             "session affinity on (persistence)",
             Box::new(|p| {
                 p.update(&service_key(6), |s| {
-                    s.services
-                        .get_mut(&service_key(6))
-                        .unwrap()
-                        .affinity_timeout = Some(600)
+                    s.service_mut(&service_key(6)).unwrap().affinity_timeout = Some(600)
                 })
             }),
             1,
@@ -137,7 +134,7 @@ fn partial_syncs_send_only_what_changed() {
             "a scheduler from the annotation",
             Box::new(|p| {
                 p.update(&service_key(6), |s| {
-                    s.services.get_mut(&service_key(6)).unwrap().ipvs_scheduler = Some("lc".into())
+                    s.service_mut(&service_key(6)).unwrap().ipvs_scheduler = Some("lc".into())
                 })
             }),
             1,
@@ -183,7 +180,7 @@ fn an_address_two_services_share_stays_until_both_let_it_go() {
     for i in [1, 2] {
         add_service(p, i, 2);
         p.update(&service_key(i), |s| {
-            let svc = s.services.get_mut(&service_key(i)).unwrap();
+            let svc = s.service_mut(&service_key(i)).unwrap();
             svc.external_ips = vec![shared];
             svc.ports[0].port = 8000 + i as u16;
         });

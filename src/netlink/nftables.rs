@@ -194,7 +194,7 @@ impl NftSocket {
 
     /// The kernel's generation count of the ruleset: one more per transaction
     /// committed, by any process.
-    fn generation(&mut self) -> Result<u32, NftError> {
+    pub fn generation(&mut self) -> Result<u32, NftError> {
         let mut buf = Vec::new();
         let at = put_header(
             &mut buf,

@@ -2,18 +2,21 @@
 //! difference and commits it as one transaction. All decisions are the
 //! planner's; this only does the I/O around them.
 
-use crate::core::model::{ClusterState, ServiceKey};
+use crate::core::model::{ClusterState, ServiceKey, Snapshot};
 use crate::core::node_config::NodeConfig;
-use crate::engine::dataplane::{Dataplane, SyncError, Written};
+use crate::engine::dataplane::{Dataplane, SyncError, Verification, Written};
 use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
 use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
+use crate::nft::verifier::Verifier;
 use crate::ruleset::Ruleset;
+use std::sync::Arc;
 
 pub struct NftDataplane<K = NftSocket> {
     kernel: K,
     footprints: Footprints,
+    verifier: Verifier,
 }
 
 impl NftDataplane<NftSocket> {
@@ -34,6 +37,7 @@ impl<K: NftKernel> NftDataplane<K> {
         NftDataplane {
             kernel,
             footprints: Footprints::default(),
+            verifier: Verifier::default(),
         }
     }
 
@@ -66,6 +70,7 @@ impl<K: NftKernel> NftDataplane<K> {
         drop(views);
         let planned = started.elapsed();
         let committed = self.commit(plan)?;
+        self.verifier.supersede();
         tracing::debug!(
             read_ms = read.as_millis() as u64,
             plan_ms = (planned - read).as_millis() as u64,
@@ -94,6 +99,7 @@ impl<K: NftKernel> NftDataplane<K> {
                 "large Services planned from the slices that changed"
             );
         }
+        self.verifier.committed(plan.touches());
         let committed = self.commit(plan)?;
         self.footprints.apply(change);
         Ok(committed)
@@ -136,5 +142,23 @@ impl<K: NftKernel> Dataplane for NftDataplane<K> {
             kernel_matches(&mut this.kernel, &want)
         };
         check(self).map_err(|e| SyncError::new("nftables", e))
+    }
+
+    fn begin_verification(&mut self, snapshot: Arc<Snapshot>, config: &NodeConfig) -> bool {
+        match self.kernel.second_socket() {
+            Some(Ok(sock)) => {
+                self.verifier.begin(sock, snapshot, config.clone());
+                true
+            }
+            Some(Err(e)) => {
+                tracing::warn!("a socket for the verification: {e}; a full sync verifies");
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn verification(&mut self) -> Option<Verification> {
+        self.verifier.answer()
     }
 }

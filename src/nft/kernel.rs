@@ -40,6 +40,11 @@ pub trait NftKernel {
     fn read_table(&mut self, table: TableId) -> Result<Option<KernelTable>, NftError>;
     /// Commits the batch as one transaction; on error nothing changed.
     fn commit(&mut self, batch: Batch) -> Result<Committed, NftError>;
+    /// Another socket into the same kernel, for reading off the path of
+    /// changes (`verifier`); `None` where there is no other.
+    fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
+        None
+    }
 }
 
 impl NftKernel for NftSocket {
@@ -79,6 +84,12 @@ impl NftKernel for NftSocket {
 
     fn commit(&mut self, batch: Batch) -> Result<Committed, NftError> {
         NftSocket::commit(self, batch)
+    }
+
+    /// Opened in this thread's network namespace, the one this socket's
+    /// daemon runs in.
+    fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
+        Some(NftSocket::open())
     }
 }
 

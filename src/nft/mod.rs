@@ -23,4 +23,5 @@ pub mod service;
 pub mod skeleton;
 pub mod slots;
 pub mod translate;
+pub mod verifier;
 pub mod view;

@@ -11,6 +11,7 @@ use crate::netlink::batch::{replace_tables, Batch};
 use crate::netlink::objects::{
     KernelChain, KernelElement, KernelObject, KernelRule, KernelSet, KernelTable,
 };
+use crate::nft::pick::EndpointMap;
 use crate::nft::view::{fingerprint, RuleView};
 use crate::ruleset::TableId;
 use std::collections::{BTreeMap, BTreeSet};
@@ -83,6 +84,42 @@ pub struct Plan {
     // Elements are gathered per set and packed into messages at the end.
     delete_elements: ElementsBySet,
     add_elements: ElementsBySet,
+    /// What it changes, where asked for (`recording`).
+    touches: Option<BTreeSet<Touch>>,
+}
+
+/// One thing a plan changes, as the verification beside the syncs compares
+/// them (`nft::verifier`): a whole table, a named object, set or chain (its
+/// rules included), one element, or one entry's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Touch {
+    Table(TableId),
+    Named(TableId, String),
+    Element(TableId, String, Vec<u8>),
+    /// The elements of an entry (its key without the slot) in every endpoint
+    /// map: a plan against another placement may move any of them.
+    Entry(TableId, Vec<u8>),
+}
+
+impl Touch {
+    pub fn table(&self) -> TableId {
+        match self {
+            Touch::Table(t) | Touch::Named(t, _) | Touch::Element(t, _, _) | Touch::Entry(t, _) => {
+                *t
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Touch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Touch::Table(t) => write!(f, "table {t}"),
+            Touch::Named(t, n) => write!(f, "{n} of {t}"),
+            Touch::Element(t, n, _) => write!(f, "an element of {t} {n}"),
+            Touch::Entry(t, _) => write!(f, "an entry's endpoints in {t}"),
+        }
+    }
 }
 
 type ElementsBySet = BTreeMap<TableId, BTreeMap<String, Vec<KernelElement>>>;
@@ -98,6 +135,25 @@ impl Plan {
             && self.add_elements.is_empty()
     }
 
+    /// A plan that keeps what it changes (`touches`).
+    pub fn recording() -> Plan {
+        Plan {
+            touches: Some(BTreeSet::new()),
+            ..Plan::default()
+        }
+    }
+
+    /// What this plan changes, if it was `recording`.
+    pub fn touches(&self) -> Option<&BTreeSet<Touch>> {
+        self.touches.as_ref()
+    }
+
+    fn touch(&mut self, touch: impl FnOnce() -> Touch) {
+        if let Some(t) = &mut self.touches {
+            t.insert(touch());
+        }
+    }
+
     /// Where to encode an operation on `table`; none once the table is rebuilt.
     fn part(&mut self, phase: Phase, table: TableId) -> Option<&mut Batch> {
         if self.rebuilt.contains(&table) {
@@ -109,6 +165,7 @@ impl Plan {
     /// Replaces the table whole, instead of anything else planned for it.
     pub fn rebuild(&mut self, table: KernelTable) {
         let id = table.id();
+        self.touch(|| Touch::Table(id));
         self.parts.retain(|(_, t), _| *t != id);
         self.delete_elements.remove(&id);
         self.add_elements.remove(&id);
@@ -118,6 +175,7 @@ impl Plan {
     }
 
     pub fn add_table(&mut self, table: TableId, userdata: Option<Vec<u8>>) {
+        self.touch(|| Touch::Table(table));
         if let Some(b) = self.part(Phase::AddTables, table) {
             b.add_table(table.family, table.name(), userdata.as_deref());
         }
@@ -125,24 +183,28 @@ impl Plan {
 
     /// Deletes a whole table (one we no longer use), last.
     pub fn delete_table(&mut self, table: TableId) {
+        self.touch(|| Touch::Table(table));
         if let Some(b) = self.part(Phase::DeleteTables, table) {
             b.delete_table(table.family, table.name());
         }
     }
 
     pub fn add_object(&mut self, table: TableId, object: KernelObject) {
+        self.touch(|| Touch::Named(table, object.name.clone()));
         if let Some(b) = self.part(Phase::AddObjects, table) {
             b.add_object(table.family, table.name(), &object);
         }
     }
 
     pub fn delete_object(&mut self, table: TableId, type_id: u32, name: &str) {
+        self.touch(|| Touch::Named(table, name.to_string()));
         if let Some(b) = self.part(Phase::DeleteObjects, table) {
             b.delete_object(table.family, table.name(), type_id, name);
         }
     }
 
     pub fn add_set(&mut self, table: TableId, set: KernelSet) {
+        self.touch(|| Touch::Named(table, set.name.clone()));
         if let Some(b) = self.part(Phase::AddSets, table) {
             b.add_set(table.family, table.name(), &set);
         }
@@ -150,6 +212,7 @@ impl Plan {
 
     /// Creates the chain and appends its rules.
     pub fn add_chain(&mut self, table: TableId, chain: KernelChain) {
+        self.touch(|| Touch::Named(table, chain.name.clone()));
         if let Some(b) = self.part(Phase::AddChains, table) {
             b.add_chain(table.family, table.name(), &chain);
         }
@@ -158,6 +221,9 @@ impl Plan {
     }
 
     pub fn rules(&mut self, table: TableId, chain: &str, ops: Vec<RuleOp>) {
+        if !ops.is_empty() {
+            self.touch(|| Touch::Named(table, chain.to_string()));
+        }
         let Some(b) = self.part(Phase::Rules, table) else {
             return;
         };
@@ -173,6 +239,7 @@ impl Plan {
     }
 
     pub fn delete_chain(&mut self, table: TableId, chain: &str) {
+        self.touch(|| Touch::Named(table, chain.to_string()));
         if let Some(b) = self.part(Phase::FlushChains, table) {
             b.flush_chain(table.family, table.name(), chain);
         }
@@ -182,6 +249,7 @@ impl Plan {
     }
 
     pub fn delete_set(&mut self, table: TableId, set: &str) {
+        self.touch(|| Touch::Named(table, set.to_string()));
         if let Some(b) = self.part(Phase::DeleteSets, table) {
             b.delete_set(table.family, table.name(), set);
         }
@@ -198,6 +266,7 @@ impl Plan {
         if elements.is_empty() {
             return;
         }
+        self.touch(|| Touch::Named(table, set.to_string()));
         if let Some(b) = self.part(Phase::AddElements, table) {
             b.add_elements(table.family, table.name(), set, elements);
         }
@@ -211,6 +280,11 @@ impl Plan {
     /// message's worth at a time: a cold sync of 100k Services has a million,
     /// which as objects took twice the memory of their encoded bytes.
     fn gather(&mut self, phase: Phase, table: TableId, set: &str, e: KernelElement) {
+        // An endpoint map's key is the entry's, then its slot's 4 bytes.
+        self.touch(|| match EndpointMap::of_name(set) {
+            Some(_) => Touch::Entry(table, e.key[..e.key.len().saturating_sub(4)].to_vec()),
+            None => Touch::Element(table, set.to_string(), e.key.clone()),
+        });
         if self.rebuilt.contains(&table) {
             return;
         }

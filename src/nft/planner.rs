@@ -662,7 +662,16 @@ impl<'v> EndpointMaps<'v> {
 /// The full sync's plan: everything the kernel (`views`) lacks or has wrong
 /// against the whole desired state, and the footprints it leaves behind.
 pub fn plan_full(views: &Views, state: &ClusterState, config: &NodeConfig) -> (Plan, Footprints) {
-    let mut plan = Plan::default();
+    plan_full_into(Plan::default(), views, state, config)
+}
+
+/// `plan_full`, into `plan` (a `Plan::recording`, say).
+pub fn plan_full_into(
+    mut plan: Plan,
+    views: &Views,
+    state: &ClusterState,
+    config: &NodeConfig,
+) -> (Plan, Footprints) {
     let mut footprints = Footprints::default();
     let placement = PlacedInViews::new(views);
     let mut rebuilt: Option<Ruleset> = None;
@@ -867,7 +876,9 @@ impl Footprints {
         state: &ClusterState,
         config: &NodeConfig,
     ) -> (Plan, FootprintChange) {
-        let mut plan = Plan::default();
+        // Recorded, for a verification that may be running (a partial plan is
+        // small).
+        let mut plan = Plan::recording();
         let mut updates = Vec::new();
         // Ordered, so that a change is always the same transaction.
         let mut hairpin_delta: BTreeMap<(Family, IpAddr), isize> = BTreeMap::new();
@@ -1307,7 +1318,7 @@ mod tests {
                 3 => svc.internal_policy_local = true,
                 _ => {}
             }
-            state.services.insert(svc.key.clone(), svc);
+            state.put_service(svc);
             let addrs: Vec<IpAddr> = (next..next + n).map(synthetic::endpoint_addr).collect();
             next += n;
             synthetic::set_endpoints(&mut state, i, &addrs);

@@ -227,7 +227,7 @@ mod tests {
             }],
             ..Service::default()
         };
-        state.services.insert(svc.key.clone(), svc);
+        state.put_service(svc);
         for family in Family::ALL {
             let endpoints: Vec<Endpoint> = eps
                 .iter()
@@ -428,7 +428,7 @@ mod tests {
         ] {
             let ready: Vec<(&str, Conditions)> = eps.iter().map(|e| (*e, READY)).collect();
             let mut s = state_with(name, &[vip], &ready);
-            for svc in s.services.values_mut() {
+            for svc in s.services.values_mut().map(std::sync::Arc::make_mut) {
                 svc.external_ips = vec![ip("192.0.2.1")];
             }
             state.services.append(&mut s.services);

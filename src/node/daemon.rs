@@ -13,7 +13,7 @@ use crate::core::convert::{log_rejected, log_skipped_values};
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
 use crate::core::node_config::{NodeConfig, ProxyMode};
-use crate::engine::dataplane::SyncKind;
+use crate::engine::dataplane::{SyncKind, Verification};
 use crate::engine::{Engine, SyncReport};
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
@@ -176,15 +176,23 @@ fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
 /// (and if it is, the store keeps its last good objects).
 const MANIFEST_POLL: Duration = Duration::from_millis(250);
 
-/// How often a full sync reads our tables back when nothing asked for one,
-/// while the drift monitor watches them: nf_tables drift is then seen as it
-/// happens. At 100k Services a full sync reads 1.2M set elements back, 35–45 s
-/// here (the kernel's element dumps restart their walk of a set at every
-/// message: 83% of the time in `rhashtable_walk_next`), and every change waits
-/// behind it. kube-proxy's nftables mode forces a full sync once an hour too
-/// (`proxyutil.FullSyncPeriod`). IPVS has no notifications: in that mode, and
-/// without a monitor, it stays every `--sync-period`.
+/// How often the kernel is verified against the whole state when nothing
+/// asked for a full sync, while the drift monitor watches our tables (drift is
+/// then seen as it happens), as kube-proxy's nftables mode forces a full sync
+/// once an hour (`proxyutil.FullSyncPeriod`). The verification reads and plans
+/// on a thread of its own, beside the syncs (`nft::verifier`): at 100k
+/// Services that takes ~3 s, which every change waited out when it was a full
+/// sync. IPVS has no notifications: in that mode, and without a monitor, a
+/// full sync every `--sync-period` verifies.
 const MONITORED_FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
+
+/// A verification whose every round meets our own commits to what it found
+/// different (a Service changing without pause) ends in a full sync after
+/// this many rounds, so that it still ends within its period.
+const VERIFICATION_ROUNDS: u32 = 8;
+
+/// How soon a verification in progress is asked for its answer.
+const VERIFICATION_POLL: Duration = Duration::from_millis(100);
 
 fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
     std::thread::spawn(move || {
@@ -391,7 +399,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     // below into a busy loop.
     let full_period = || {
         if watching.load(Ordering::Relaxed) && !settings.node.mode.is_ipvs() {
-            MONITORED_FULL_SYNC_PERIOD.max(settings.sync_period)
+            (settings.verification_period)
+                .unwrap_or(MONITORED_FULL_SYNC_PERIOD)
+                .max(settings.sync_period)
         } else {
             settings.sync_period
         }
@@ -400,6 +410,11 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     // When a full sync was last asked for or done: the next is due a
     // `full_period()` later (which shrinks if the monitor stops).
     let mut full_asked = Instant::now();
+    // Due when the period has passed: begun once nothing waits to be synced,
+    // so that its snapshot is what the kernel was last given
+    // (`nft::verifier`). Its rounds so far.
+    let mut verification_due = false;
+    let mut verification_rounds = 0;
     let mut retry_at: Option<Instant> = None;
     let mut backoff = Duration::from_secs(1);
     let mut was_ready = false;
@@ -430,10 +445,22 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 hold.refresh();
             }
             if now >= full_asked + full_period() {
-                engine.request_full_sync();
+                verification_due = true;
                 full_asked = now;
             }
             next_tick = now + settings.sync_period;
+        }
+        if let Some(answer) = engine.verification() {
+            let drift = matches!(answer, Verification::Differs(_));
+            verification_due |= verified(answer, &mut verification_rounds, &mut engine, &metrics);
+            // As after a drift event: flows may have met none of our rules.
+            rules_had_gap |= drift;
+        }
+        if verification_due && ready && !engine.pending() && !engine.verifying() {
+            verification_due = false;
+            if !engine.begin_verification(store.state().snapshot()) {
+                verification_rounds = 0;
+            }
         }
         let earliest = last_sync
             .map_or(now, |t| t + settings.min_sync_period)
@@ -495,11 +522,14 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
             }
             continue;
         }
-        let wake = if ready && engine.pending() {
+        let mut wake = if ready && engine.pending() {
             earliest.min(next_tick)
         } else {
             next_tick
         };
+        if engine.verifying() {
+            wake = wake.min(now + VERIFICATION_POLL);
+        }
         let event = match rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
             Ok(event) => event,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
@@ -539,6 +569,47 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
             metrics.queued(SystemTime::now());
         }
     }
+}
+
+/// Acts on a verification's answer: a difference, a kernel that could not be
+/// read, or rounds that never settle ask for a full sync; true if a next round
+/// is due.
+fn verified(
+    answer: Verification,
+    rounds: &mut u32,
+    engine: &mut Engine,
+    metrics: &Metrics,
+) -> bool {
+    *rounds += 1;
+    match answer {
+        Verification::Matches => {
+            tracing::info!(
+                rounds = *rounds,
+                "verified: our tables hold what was last synced"
+            );
+        }
+        Verification::Unsettled if *rounds < VERIFICATION_ROUNDS => return true,
+        Verification::Unsettled => {
+            tracing::info!(
+                rounds = *rounds,
+                "verification: syncs kept changing the tables it had left; a full sync verifies them"
+            );
+            engine.request_full_sync();
+        }
+        Verification::Differs(tables) => {
+            tracing::warn!(
+                "verification: {tables} changed outside kube-nft, unannounced; repairing"
+            );
+            metrics.drift_found_by_verification();
+            engine.request_full_sync();
+        }
+        Verification::Failed(e) => {
+            tracing::warn!("verification: {e}; a full sync verifies instead");
+            engine.request_full_sync();
+        }
+    }
+    *rounds = 0;
+    false
 }
 
 /// The trigger times of the changes a sync programmed, with their family.

@@ -374,10 +374,18 @@ impl Metrics {
 
     /// A full sync requested because of drift, by cause.
     pub fn drift_seen(&self, change: Change) {
-        let cause = match change {
+        self.drift_repair(match change {
             Change::Foreign { .. } => "foreign_transaction",
             Change::Lost => "notifications_lost",
-        };
+        });
+    }
+
+    /// Drift no notification told of, found by the periodic verification.
+    pub fn drift_found_by_verification(&self) {
+        self.drift_repair("verification");
+    }
+
+    fn drift_repair(&self, cause: &str) {
         self.drift_repairs
             .get_or_create(&vec![("cause", cause.into())])
             .inc();
@@ -467,10 +475,8 @@ mod tests {
         let m = Metrics::new();
         let mut st = state(3, 6);
         // Service 1: externalTrafficPolicy Local on a NodePort, its endpoints on other nodes.
-        let svc = st
-            .services
-            .get_mut(&crate::testbed::synthetic::service_key(1))
-            .unwrap();
+        let key = crate::testbed::synthetic::service_key(1);
+        let svc = st.service_mut(&key).unwrap();
         svc.ports[0].node_port = Some(30001);
         svc.external_policy_local = true;
         let _ = node_config();

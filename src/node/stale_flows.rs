@@ -303,7 +303,7 @@ mod tests {
                 &addrs.iter().map(|a| a.parse().unwrap()).collect::<Vec<_>>(),
             );
             slice.ports[0].protocol = Protocol::Udp;
-            state.services.insert(service_key(*i), svc);
+            state.put_service(svc);
             state
                 .slices
                 .entry(service_key(*i))
@@ -418,9 +418,7 @@ mod tests {
     fn every_service_destination_is_checked_with_its_protocol() {
         let mut state = udp_state(&[(1, &["10.128.0.1"])]);
         let tcp = crate::testbed::synthetic::service(2);
-        state
-            .services
-            .insert(crate::testbed::synthetic::service_key(2), tcp.clone());
+        state.put_service(tcp.clone());
         let dests = all_destinations(&state, &NodeConfig::default());
         let vip = crate::testbed::synthetic::vip;
         let port = tcp.ports[0].port;

@@ -142,11 +142,14 @@ impl ClusterStore {
     /// Sets (or, with `None`, removes) one Service. It is reported changed only
     /// if it changed, so a relist that repeats what we have costs no rules.
     fn set_service(&mut self, key: &ServiceKey, svc: Option<Service>) -> bool {
-        if self.state.services.get(key) == svc.as_ref() {
+        if self.state.services.get(key).map(|s| &**s) == svc.as_ref() {
             return false;
         }
         match svc {
-            Some(svc) => self.state.services.insert(key.clone(), svc),
+            Some(svc) => self
+                .state
+                .services
+                .insert(key.clone(), std::sync::Arc::new(svc)),
             None => self.state.services.remove(key),
         };
         self.changed.insert(key.clone());

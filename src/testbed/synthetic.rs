@@ -81,7 +81,7 @@ fn slice_name(i: usize, k: usize) -> String {
 /// to a proxy's model.
 pub fn add_service(p: &mut Proxy, i: usize, n: usize) {
     p.update(&service_key(i), |state| {
-        state.services.insert(service_key(i), service(i));
+        state.put_service(service(i));
         let addrs: Vec<IpAddr> = (0..n).map(|j| endpoint(i, j)).collect();
         set_endpoints(state, i, &addrs);
     });
@@ -158,7 +158,7 @@ pub fn state(services: usize, endpoints: usize) -> ClusterState {
         let n = endpoints / services + usize::from(i < endpoints % services);
         let addrs: Vec<IpAddr> = (next..next + n).map(endpoint_addr).collect();
         next += n;
-        state.services.insert(service_key(i), service(i));
+        state.put_service(service(i));
         set_endpoints(&mut state, i, &addrs);
     }
     state
