@@ -53,7 +53,8 @@ source integration/install-deps.sh
 
 # A disk that fills mid-run fails the kind steps with little said (kind cannot
 # load an image, helm cannot write its release): warn first. A run with warm
-# caches writes about $disk_need GiB (the build, the kind nodes, the images).
+# caches writes about $disk_need GiB (the build, the kind nodes, the images:
+# 9.5 GiB at its fullest in a run from a fresh clone).
 disk_need=12
 for dir in . "${KUBE_NFT_CACHE:-/var/cache/kube-nft}" /var/lib/docker "${TMPDIR:-/tmp}"; do
   [ -d "$dir" ] || continue

@@ -332,3 +332,61 @@ fn a_listener_beside_a_large_sync_gets_it_in_parts_and_hears_every_object() {
     assert_eq!(heard_objects, objects);
     assert_eq!(generations, parts, "a generation per part");
 }
+
+/// A read that `track_interruptions` notes the dumps that a commit came during
+/// (the periodic verification judges nothing they found): none on a quiet
+/// kernel; a large set's element dump, with commits going on all the while.
+#[test]
+fn a_read_notes_the_dumps_a_commit_came_during() {
+    use kube_nft::core::net::Family;
+    use kube_nft::netlink::nftables::Interrupted;
+    use kube_nft::netlink::Batch;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    require_root();
+    let scratch = Scratch::new("interrupted");
+    let addrs: Vec<String> = (0..50_000u32)
+        .map(|i| std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string())
+        .collect();
+    let ruleset = format!(
+        "table ip t {{\n set big {{ type ipv4_addr; elements = {{ {} }}; }}\n set small {{ type ipv4_addr; elements = {{ 192.0.2.1 }}; }}\n}}\n",
+        addrs.join(", ")
+    );
+    let file = scratch.write("t.nft", &ruleset);
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("interrupted")).unwrap();
+    exec_in(&ns.name, &["nft", "-f", &file.display().to_string()]);
+    in_netns(&ns.name, || {
+        let mut sock = NftSocket::open().unwrap();
+        sock.track_interruptions();
+        let quiet = sock.read_table(Family::Ip, "t").unwrap().unwrap();
+        assert_eq!(
+            quiet.sets.iter().map(|s| s.elements.len()).sum::<usize>(),
+            50_001
+        );
+        assert_eq!(sock.take_interruptions(), Some(Interrupted::default()));
+
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let committer = scope.spawn(|| {
+                let mut other = NftSocket::open().unwrap();
+                let mut commits = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut b = Batch::new();
+                    b.add_table(Family::Ip, "other", None);
+                    b.delete_table(Family::Ip, "other");
+                    other.commit(b).unwrap();
+                    commits += 1;
+                }
+                commits
+            });
+            std::thread::sleep(Duration::from_millis(20));
+            sock.track_interruptions();
+            sock.read_table(Family::Ip, "t").unwrap().unwrap();
+            stop.store(true, Ordering::Relaxed);
+            let commits = committer.join().unwrap();
+            let cut = sock.take_interruptions().unwrap();
+            let big = (Family::Ip, "t".to_string(), "big".to_string());
+            assert!(cut.sets.contains(&big), "{commits} commits, and {cut:?}");
+        });
+    })
+    .unwrap();
+}

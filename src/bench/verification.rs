@@ -11,6 +11,10 @@
 //!   that changes meet it reading, planning and ending;
 //! - behind a full sync: the full sync begun at the change, then the change,
 //!   as a change waited when the period's full sync had just begun.
+//!
+//! Then rounds under steady changes: a change every `CHURN_EVERY` from each
+//! round's begin to its answer, to see how much of a round its own changes
+//! leave unjudged.
 
 use super::median;
 use crate::core::model::ClusterState;
@@ -21,6 +25,9 @@ use crate::testbed::synthetic;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
+
+/// How often a change comes in the rounds under steady changes.
+pub const CHURN_EVERY: Duration = Duration::from_millis(100);
 
 /// What one size measured, in milliseconds (medians unless said).
 pub struct VerificationRow {
@@ -37,6 +44,9 @@ pub struct VerificationRow {
     /// Each round's answer: on a kernel nobody else touches, `Matches`, or
     /// `Unsettled` where the round read what the change had changed.
     pub answers: Vec<Verification>,
+    /// Under steady changes: each round's answer, and the changes' times.
+    pub churn_answers: Vec<Verification>,
+    pub churn_ms: Vec<f64>,
 }
 
 pub fn run(sizes: &[usize], endpoints: usize, runs: usize) -> Result<Vec<VerificationRow>, String> {
@@ -113,6 +123,22 @@ fn measure(services: usize, endpoints: usize, runs: usize) -> Result<Verificatio
         let full = start.elapsed().as_secs_f64() * 1000.0;
         behind.push(full + change(&mut p, 3 * r + 2)?);
     }
+    let (mut churn_answers, mut churn_ms) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        if !p.begin_verification() {
+            return Err("this kernel gave no second socket to verify with".into());
+        }
+        let mut k = 0;
+        let answer = loop {
+            std::thread::sleep(CHURN_EVERY);
+            churn_ms.push(change(&mut p, 1_000_003 * (r + 1) + k)?);
+            k += 1;
+            if let Some(a) = p.verification() {
+                break a;
+            }
+        };
+        churn_answers.push(answer);
+    }
     Ok(VerificationRow {
         services,
         endpoints,
@@ -123,6 +149,8 @@ fn measure(services: usize, endpoints: usize, runs: usize) -> Result<Verificatio
         round_ms: median(rounds),
         snapshot_ms: median(snapshots),
         answers,
+        churn_answers,
+        churn_ms,
     })
 }
 
@@ -138,12 +166,10 @@ pub fn table(rows: &[VerificationRow], runs: usize) -> String {
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for r in rows {
-        let count = |want: fn(&Verification) -> bool| r.answers.iter().filter(|a| want(a)).count();
-        let matched = count(|a| *a == Verification::Matches);
-        let unsettled = count(|a| *a == Verification::Unsettled);
+        let (matched, unsettled) = tally(&r.answers);
         let _ = writeln!(
             out,
-            "| {} × {} | {:.2} ms | {:.2} ms ({:.2}) | {:.2} | {:.0} ms | {:.0} ms | {:.1} ms | {} matched, {} unsettled by the change, {} other |",
+            "| {} × {} | {:.2} ms | {:.2} ms ({:.2}) | {:.2} | {:.0} ms | {:.0} ms | {:.1} ms | {} matched, {} unsettled, {} other |",
             r.services,
             r.endpoints,
             r.quiet_ms,
@@ -158,14 +184,43 @@ pub fn table(rows: &[VerificationRow], runs: usize) -> String {
             r.answers.len() - matched - unsettled,
         );
     }
+    let _ = writeln!(
+        out,
+        "\nRounds under a change every {} ms, from each round's begin to its answer\n",
+        CHURN_EVERY.as_millis()
+    );
+    let _ = writeln!(
+        out,
+        "| Services × endpoints | rounds: matched, unsettled, other | changes | a change, median (max) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|");
     for r in rows {
-        for a in r
-            .answers
-            .iter()
-            .filter(|a| !matches!(a, Verification::Matches | Verification::Unsettled))
-        {
+        let (matched, unsettled) = tally(&r.churn_answers);
+        let _ = writeln!(
+            out,
+            "| {} × {} | {matched}, {unsettled}, {} | {} | {:.2} ms ({:.2}) |",
+            r.services,
+            r.endpoints,
+            r.churn_answers.len() - matched - unsettled,
+            r.churn_ms.len(),
+            median(r.churn_ms.clone()),
+            r.churn_ms.iter().copied().fold(0.0, f64::max),
+        );
+    }
+    for r in rows {
+        let others = r.answers.iter().chain(&r.churn_answers);
+        for a in others.filter(|a| !matches!(a, Verification::Matches | Verification::Unsettled)) {
             let _ = writeln!(out, "\nat {} Services, a round answered {a:?}", r.services);
         }
     }
     out
+}
+
+/// How many answers matched, and how many were unsettled.
+fn tally(answers: &[Verification]) -> (usize, usize) {
+    let count = |want: &Verification| answers.iter().filter(|a| *a == want).count();
+    (
+        count(&Verification::Matches),
+        count(&Verification::Unsettled),
+    )
 }

@@ -127,6 +127,20 @@ pub struct NftSocket {
     /// of a dump after the largest buffer we have received into, and an element
     /// dump re-walks the set from its start for every message.
     rx: Vec<u8>,
+    /// Where asked for (`track_interruptions`), the dumps of `walk_tables`
+    /// that a commit came during.
+    interrupted: Option<Interrupted>,
+}
+
+/// The dumps of a read that a commit came during (the ruleset's generation
+/// moved): a dump goes on by count, so such a dump may have missed or repeated
+/// objects, of any table of the family for the family-wide dumps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Interrupted {
+    /// Of a family's tables, chains, rules, sets and objects.
+    pub structure: Vec<Family>,
+    /// Element dumps, each of one set: family, table, set.
+    pub sets: Vec<(Family, String, String)>,
 }
 
 const RX_BUFFER: usize = 1 << 20;
@@ -145,6 +159,7 @@ impl NftSocket {
             netns: super::monitor::netns_id(),
             registered: false,
             rx: Vec::with_capacity(RX_BUFFER),
+            interrupted: None,
         })
     }
 
@@ -417,33 +432,38 @@ impl NftSocket {
     /// own thread (which starts in this thread's network namespace), taking
     /// the next set as they finish the last, so that large sets spread over
     /// them whatever their order. This thread visits what they pass it through
-    /// a short queue, and reads sets too when it is alone.
-    fn visit_elements<V: TableVisitor>(
+    /// a short queue, and reads sets too when it is alone. With `track`,
+    /// returns the sets whose dump a commit came during.
+    fn visit_elements<'s, V: TableVisitor>(
         &mut self,
         family: Family,
-        sets: &[(String, String)],
+        sets: &'s [(String, String)],
         visitors: &mut HashMap<String, V>,
-    ) -> Result<(), NftError> {
+        track: bool,
+    ) -> Result<Vec<&'s (String, String)>, NftError> {
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(4)
             .min(sets.len());
-        type Read<'a> = Result<(&'a (String, String), Vec<KernelElement>), NftError>;
-        let mut visit = |read: Read| -> Result<(), NftError> {
-            let ((table, set), elements) = read?;
-            let v = visitors.get_mut(table).expect("a walked table");
+        type Read<'a> = Result<(&'a (String, String), Vec<KernelElement>, bool), NftError>;
+        let mut interrupted = Vec::new();
+        let mut visit = |read: Read<'s>| -> Result<(), NftError> {
+            let (at, elements, cut) = read?;
+            let v = visitors.get_mut(&at.0).expect("a walked table");
             for el in elements {
-                v.element(set, el);
+                v.element(&at.1, el);
+            }
+            if cut {
+                interrupted.push(at);
             }
             Ok(())
         };
         if workers <= 1 {
             for at in sets {
-                let mut out = Vec::new();
-                self.each_set_element(family, &at.0, &at.1, |el| out.push(el))?;
-                visit(Ok((at, out)))?;
+                let (out, cut) = self.set_elements(family, at, track)?;
+                visit(Ok((at, out, cut)))?;
             }
-            return Ok(());
+            return Ok(interrupted);
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let (tx, rx) = std::sync::mpsc::sync_channel::<Read>(64);
@@ -461,9 +481,8 @@ impl NftSocket {
                     while let Some(at) =
                         sets.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
                     {
-                        let mut out = Vec::new();
-                        let read = sock.each_set_element(family, &at.0, &at.1, |el| out.push(el));
-                        if tx.send(read.map(|()| (at, out))).is_err() {
+                        let read = sock.set_elements(family, at, track);
+                        if tx.send(read.map(|(out, cut)| (at, out, cut))).is_err() {
                             return;
                         }
                     }
@@ -471,7 +490,26 @@ impl NftSocket {
             }
             drop(tx);
             rx.iter().try_for_each(&mut visit)
-        })
+        })?;
+        Ok(interrupted)
+    }
+
+    /// One set's elements (`at`: table, set); with `track`, also whether a
+    /// commit came during their dump.
+    fn set_elements(
+        &mut self,
+        family: Family,
+        at: &(String, String),
+        track: bool,
+    ) -> Result<(Vec<KernelElement>, bool), NftError> {
+        let before = track.then(|| self.generation()).transpose()?;
+        let mut out = Vec::new();
+        self.each_set_element(family, &at.0, &at.1, |el| out.push(el))?;
+        let cut = match before {
+            Some(before) => self.generation()? != before,
+            None => false,
+        };
+        Ok((out, cut))
     }
 
     /// Walks one of our tables: its header, each chain and then its rules, each
@@ -488,6 +526,17 @@ impl NftSocket {
         Ok(!walked.is_empty())
     }
 
+    /// From now on, `walk_tables` notes which of its dumps a commit came
+    /// during, at two generation reads a dump (`take_interruptions`).
+    pub fn track_interruptions(&mut self) {
+        self.interrupted = Some(Interrupted::default());
+    }
+
+    /// The dumps a commit came during since `track_interruptions`.
+    pub fn take_interruptions(&mut self) -> Option<Interrupted> {
+        self.interrupted.take()
+    }
+
     /// Walks several tables of one family at once: `open` is shown each table
     /// header (of `only`, or of every table of the family) and gives the
     /// visitor of those to walk. One dump of each kind covers them all, then
@@ -501,6 +550,8 @@ impl NftSocket {
         mut open: impl FnMut(&TableHeader) -> Option<V>,
     ) -> Result<HashMap<String, V>, NftError> {
         let mut visitors: HashMap<String, V> = HashMap::new();
+        let tracking = self.interrupted.is_some();
+        let before = tracking.then(|| self.generation()).transpose()?;
         self.dump_each(
             GETTABLE,
             family,
@@ -552,7 +603,6 @@ impl NftSocket {
             }
             Ok(())
         })?;
-        self.visit_elements(family, &sets, &mut visitors)?;
         self.dump_each(GETOBJ, family, filter, |o| {
             if let Some((table, v)) = visitor_of(&mut visitors, o)? {
                 if let Some(r) = KernelObject::parse(o, &table)? {
@@ -561,6 +611,21 @@ impl NftSocket {
             }
             Ok(())
         })?;
+        if let Some(before) = before {
+            if self.generation()? != before {
+                self.interrupted
+                    .get_or_insert_default()
+                    .structure
+                    .push(family);
+            }
+        }
+        let interrupted = self.visit_elements(family, &sets, &mut visitors, tracking)?;
+        if let Some(i) = &mut self.interrupted {
+            let sets = interrupted
+                .into_iter()
+                .map(|(t, s)| (family, t.clone(), s.clone()));
+            i.sets.extend(sets);
+        }
         Ok(visitors)
     }
 
