@@ -3,7 +3,7 @@
 //! Once an hour (while the drift monitor watches) the kernel is checked against
 //! the whole desired state, for drift the monitor cannot have told: a lost
 //! notification, a bug of ours. Done as a full sync on the daemon's thread, it
-//! held every change behind its read-back and plan, ~3 s at 100k Services.
+//! held every change behind its read-back and plan, 3.5 s at 100k Services.
 //! Here a thread of its own, with a socket of its own, reads our tables and
 //! plans against a snapshot of the state, while the daemon goes on syncing.
 //!
@@ -20,8 +20,9 @@
 //! an element dump. The read notes which dumps a commit came during (the
 //! ruleset's generation before and after each: `Interrupted`), and what the
 //! round found in them (but what our commits touched) leaves the round
-//! unsettled: the next judges again. A commit of someone else's to our tables is the monitor's to
-//! tell; its repair is a full sync, which makes the verification moot.
+//! unsettled: the next judges again. A commit of someone else's to our
+//! tables is the monitor's to tell; its repair is a full sync, which makes the
+//! verification moot.
 
 use crate::core::model::Snapshot;
 use crate::core::node_config::NodeConfig;
