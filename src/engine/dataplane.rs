@@ -100,8 +100,8 @@ pub enum Verification {
     Matches,
     /// It does not, where said: a full sync repairs it.
     Differs(String),
-    /// Changes committed meanwhile left part of it unjudged: begin again,
-    /// with a newer snapshot, for that part.
+    /// Not judged whole (a read disturbed by a commit, or drift to confirm):
+    /// begin again, with a newer snapshot.
     Unsettled,
     /// The kernel could not be read.
     Failed(String),

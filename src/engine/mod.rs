@@ -205,10 +205,9 @@ impl Engine {
         if answers.iter().any(Option::is_none) {
             return None;
         }
-        let answers = self.verifying.take()?.into_iter().flatten();
+        let mut answers = self.verifying.take()?.into_iter().flatten();
         Some(
             answers
-                .into_iter()
                 .find(|a| *a != Verification::Matches)
                 .unwrap_or(Verification::Matches),
         )

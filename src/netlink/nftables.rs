@@ -209,7 +209,7 @@ impl NftSocket {
 
     /// The kernel's generation count of the ruleset: one more per transaction
     /// committed, by any process.
-    pub fn generation(&mut self) -> Result<u32, NftError> {
+    fn generation(&mut self) -> Result<u32, NftError> {
         let mut buf = Vec::new();
         let at = put_header(
             &mut buf,

@@ -92,7 +92,14 @@ impl<K: NftKernel> NftDataplane<K> {
             let rules = self.kernel.read_chain_rules(*table, chain)?;
             reread.chains.insert((*table, chain.clone()), rules);
         }
-        let (plan, change) = self.footprints.plan_partial(reread, changed, state, config);
+        // What it changes is kept only for a verification to judge by.
+        let plan = match self.verifier.running() {
+            true => Plan::recording(),
+            false => Plan::default(),
+        };
+        let (plan, change) = self
+            .footprints
+            .plan_partial(plan, reread, changed, state, config);
         if change.from_memo > 0 {
             tracing::debug!(
                 from_memo = change.from_memo,

@@ -867,18 +867,17 @@ impl Footprints {
     }
 
     /// The partial sync's plan for the Services `dirty`, against the footprints
-    /// of the last sync and their chains as re-read (`kernel`); `apply` the
-    /// returned change once the plan is committed.
+    /// of the last sync and their chains as re-read (`kernel`), into `plan` (a
+    /// `Plan::recording` while a verification runs); `apply` the returned
+    /// change once the plan is committed.
     pub fn plan_partial(
         &mut self,
+        mut plan: Plan,
         kernel: Reread,
         dirty: &[ServiceKey],
         state: &ClusterState,
         config: &NodeConfig,
     ) -> (Plan, FootprintChange) {
-        // Recorded, for a verification that may be running (a partial plan is
-        // small).
-        let mut plan = Plan::recording();
         let mut updates = Vec::new();
         // Ordered, so that a change is always the same transaction.
         let mut hairpin_delta: BTreeMap<(Family, IpAddr), isize> = BTreeMap::new();
@@ -1404,10 +1403,15 @@ mod tests {
             let (i, what) = change(&mut state, &mut dice, &mut fresh);
             let dirty = [synthetic::service_key(i)];
             let mut scratch = forgetful(&footprints);
-            let (plan, change) =
-                footprints.plan_partial(Reread::default(), &dirty, &state, &config);
+            let (plan, change) = footprints.plan_partial(
+                Plan::default(),
+                Reread::default(),
+                &dirty,
+                &state,
+                &config,
+            );
             let (want, want_change) =
-                scratch.plan_partial(Reread::default(), &dirty, &state, &config);
+                scratch.plan_partial(Plan::default(), Reread::default(), &dirty, &state, &config);
             assert_eq!(want_change.from_memo, 0);
             from_memo += change.from_memo;
             steps += 1;

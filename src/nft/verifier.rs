@@ -88,6 +88,11 @@ impl Verifier {
         });
     }
 
+    /// Whether a round is in progress (its answer not yet taken).
+    pub fn running(&self) -> bool {
+        self.round.is_some()
+    }
+
     /// Tells the round in progress what a commit of ours changed.
     pub fn committed(&mut self, touches: Option<&BTreeSet<Touch>>) {
         if let (Some(r), Some(t)) = (&mut self.round, touches) {

@@ -186,9 +186,9 @@ const MANIFEST_POLL: Duration = Duration::from_millis(250);
 /// full sync every `--sync-period` verifies.
 const MONITORED_FULL_SYNC_PERIOD: Duration = Duration::from_secs(3600);
 
-/// A verification whose every round meets our own commits to what it found
-/// different (a Service changing without pause) ends in a full sync after
-/// this many rounds, so that it still ends within its period.
+/// A verification whose every round is unsettled (its reads disturbed by
+/// commits without pause) ends in a full sync after this many rounds, so that
+/// it still ends within its period.
 const VERIFICATION_ROUNDS: u32 = 8;
 
 /// How soon a verification in progress is asked for its answer.
@@ -592,7 +592,7 @@ fn verified(
         Verification::Unsettled => {
             tracing::info!(
                 rounds = *rounds,
-                "verification: syncs kept changing the tables it had left; a full sync verifies them"
+                "verification: no round was judged whole; a full sync verifies instead"
             );
             engine.request_full_sync();
         }
