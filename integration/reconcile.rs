@@ -28,7 +28,8 @@ use kube_nft::netlink::{Batch, Committed, NftError, NftSocket};
 use kube_nft::nft::dataplane::NftDataplane;
 use kube_nft::nft::fake::FakeKernel;
 use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
-use kube_nft::nft::names::{shard_of, CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
+use kube_nft::nft::names::{CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
+use kube_nft::nft::service_tables;
 use kube_nft::nft::translate::translate;
 use kube_nft::nft::view::{RuleView, TableView};
 use kube_nft::ruleset::{Field, Mapped, Rule, Ruleset, Stmt, TableId};
@@ -174,6 +175,7 @@ cases!(
     a_chain_an_element_points_to_cannot_be_deleted,
     a_new_count_makes_a_chain_only_above_16_endpoints,
     a_change_in_a_large_service_costs_what_it_changes,
+    the_service_tables_follow_the_clusters_size,
 );
 
 fn config() -> NodeConfig {
@@ -421,10 +423,89 @@ fn refused_transaction_changes_nothing_and_the_next_full_sync_repairs(h: &Harnes
     assert!(p.verify().unwrap());
 }
 
+/// The Service tables present in the kernel, by family.
+fn service_tables_in(h: &Harness<impl Kernel>) -> Vec<TableId> {
+    TableId::all_of(Family::Ip)
+        .chain(TableId::all_of(Family::Ip6))
+        .filter(|t| t.shard.is_some())
+        .filter(|t| h.kernel.handle().read_table(*t).unwrap().is_some())
+        .collect()
+}
+
+/// The count of Service tables follows the cluster's size: one table for a
+/// small cluster (a new connection walks few NAT chains), more as it grows
+/// (a change validates a table of bounded size). Growing past a bound
+/// regroups every Service in one full sync, a restart keeps the count the
+/// kernel has, and shrinking far enough regroups back.
+fn the_service_tables_follow_the_clusters_size(h: &Harness<impl Kernel>) {
+    let bound = service_tables::GROW_ABOVE;
+    let p = &mut h.synced_proxy(bound, 1);
+    let one = vec![
+        TableId::shard(Family::Ip, 0),
+        TableId::shard(Family::Ip6, 0),
+    ];
+    assert_eq!(service_tables_in(h), one, "{bound} Services");
+    // Up to twice what a cold start gives one table, the table stays alone.
+    for i in bound..2 * bound {
+        add_service(p, i, 1);
+    }
+    p.sync().unwrap();
+    assert_eq!(service_tables_in(h), one, "{} Services", 2 * bound);
+
+    // One Service more than one table is for: a partial sync regroups all.
+    add_service(p, 2 * bound, 1);
+    p.sync().unwrap();
+    let four: Vec<TableId> = [Family::Ip, Family::Ip6]
+        .into_iter()
+        .flat_map(|f| (0..4).map(move |n| TableId::shard(f, n)))
+        .collect();
+    assert_eq!(service_tables_in(h), four, "{} Services", 2 * bound + 1);
+    assert!(p.verify().unwrap());
+    let moved = (0..=2 * bound)
+        .filter(|i| service_tables::shard_of(&service_key(*i), 4) != 0)
+        .count();
+    assert!(moved > bound, "only {moved} Services left table 00");
+
+    // Back to the size of the start: the four tables stay (no regroup back
+    // and forth at a bound), and a restart writes nothing.
+    p.update(&service_key(2 * bound), |s| {
+        s.services.remove(&service_key(2 * bound));
+    });
+    p.sync().unwrap();
+    assert_eq!(service_tables_in(h), four);
+    let commits = h.commits.get();
+    let mut again = h.proxy(config());
+    again.replace_state(p.state().clone());
+    let r = again.sync().unwrap();
+    assert_eq!(
+        r.committed.messages, 0,
+        "a restart rewrote {} bytes",
+        r.committed.bytes
+    );
+    assert_eq!(h.commits.get(), commits);
+
+    // Down to an eighth of a table's bound in each of the four: one table.
+    let keep = 4 * bound / 8;
+    let mut state = p.state().clone();
+    for i in keep..2 * bound {
+        state.services.remove(&service_key(i));
+    }
+    p.replace_state(state);
+    p.sync().unwrap();
+    assert_eq!(service_tables_in(h), one, "{keep} Services");
+    assert!(p.verify().unwrap());
+}
+
+/// The Service table of Service i, in a cluster of the cases' sizes (one table
+/// up to `service_tables::GROW_ABOVE` Services).
+fn home_table(i: usize) -> TableId {
+    service_tables::table_of(&service_key(i), Family::Ip, 1)
+}
+
 /// Deletes Service 3's ClusterIP element (10.96.0.4) from its table, behind
 /// the proxies' backs; the table.
 fn remove_service_3s_cluster_ip(h: &Harness<impl Kernel>) -> TableId {
-    let table = TableId::shard(Family::Ip, shard_of(&service_key(3)));
+    let table = home_table(3);
     let vip: std::net::Ipv4Addr = "10.96.0.4".parse().unwrap();
     let element = h
         .kernel
@@ -500,7 +581,7 @@ fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
     let p = &mut h.proxy(config());
     add_service(p, 1, 2);
     p.sync().unwrap();
-    let table = TableId::shard(Family::Ip, shard_of(&service_key(1)));
+    let table = home_table(1);
     let chain = "pick-2";
     let mut batch = Batch::new();
     batch.delete_chain(Family::Ip, table.name(), chain);
@@ -519,7 +600,7 @@ fn a_chain_an_element_points_to_cannot_be_deleted(h: &Harness<impl Kernel>) {
 fn a_new_count_makes_a_chain_only_above_16_endpoints(h: &Harness<impl Kernel>) {
     // Enough that Service 0's table keeps others of 10 endpoints as it moves.
     let p = &mut h.synced_proxy(100, 10);
-    let table = TableId::shard(Family::Ip, shard_of(&service_key(0)));
+    let table = home_table(0);
     let chains = || -> Vec<String> {
         let mut names: Vec<String> = h
             .read_table(table)
@@ -675,7 +756,7 @@ fn the_verification_beside_syncs_confirms_drift_and_trusts_what_they_wrote() {
         // Service 3's ClusterIP element goes, behind the proxy's back, and a
         // sync of another Service of its table runs during the round.
         let drifted = remove_service_3s_cluster_ip(&h);
-        let same_table = |i: usize| shard_of(&service_key(i)) == shard_of(&service_key(3));
+        let same_table = |i: usize| home_table(i) == home_table(3);
         let neighbour = (4..60).find(|i| same_table(*i)).unwrap();
         let first = verify_beside(p, |p| move_endpoint(p, neighbour, endpoint_addr(50_000)));
         assert_eq!(

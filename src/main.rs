@@ -325,6 +325,7 @@ impl ProxyArgs {
             counters: self.counters,
             masquerade_all: self.masquerade_all,
             mode: self.proxy_mode.mode(),
+            service_tables: None,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)

@@ -10,8 +10,8 @@ use super::median;
 use crate::core::model::ClusterState;
 use crate::core::net::Family;
 use crate::lab::topology::Topology;
-use crate::nft::names::shard_of;
-use crate::ruleset::TableId;
+use crate::nft::service_tables::shard_of;
+use crate::ruleset::{TableId, SERVICE_SHARDS};
 use crate::testbed::netns::{in_netns, sysctl_in};
 use crate::testbed::synthetic::{self, service_key, vip};
 use std::collections::BTreeMap;
@@ -289,7 +289,7 @@ pub fn per_service_layout(state: &ClusterState) -> String {
         if eps.is_empty() {
             continue;
         }
-        let (body, dispatch) = shards.entry(shard_of(key)).or_default();
+        let (body, dispatch) = shards.entry(shard_of(key, SERVICE_SHARDS)).or_default();
         let chain = format!("svc-{i:06}");
         let pick = match eps.as_slice() {
             [e] => format!("dnat to {}:{}", e.addr, e.port),

@@ -774,6 +774,7 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
         } else {
             ProxyMode::Nftables
         },
+        service_tables: None,
     };
     node.validate().map_err(|e| e.to_string())?;
     if detect_local == DetectLocal::ClusterCidr && node.cluster_cidrs.is_empty() {

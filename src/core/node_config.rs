@@ -49,6 +49,10 @@ pub struct NodeConfig {
     pub masquerade_all: bool,
     /// Who picks endpoints and rewrites destinations.
     pub mode: ProxyMode,
+    /// How many Service tables each family has: set by the nftables dataplane
+    /// against the count the kernel has (`nft::service_tables`); `None`, what
+    /// a cold start chooses for the state's size. Not a setting of the user's.
+    pub service_tables: Option<u16>,
 }
 
 /// `--proxy-mode`: nftables does everything; with IPVS, IPVS balances and the
@@ -250,6 +254,7 @@ impl Default for NodeConfig {
             counters: false,
             masquerade_all: false,
             mode: ProxyMode::Nftables,
+            service_tables: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::netlink::{Committed, NftError, NftSocket};
 use crate::nft::kernel::{kernel_matches, read_views, NftKernel};
 use crate::nft::plan::Plan;
 use crate::nft::planner::{desired_as_placed, plan_full, Footprints, Reread};
+use crate::nft::service_tables;
 use crate::nft::verifier::Verifier;
 use crate::ruleset::Ruleset;
 use std::sync::Arc;
@@ -17,6 +18,8 @@ pub struct NftDataplane<K = NftSocket> {
     kernel: K,
     footprints: Footprints,
     verifier: Verifier,
+    /// The count of Service tables the last full sync programmed.
+    service_tables: Option<u16>,
 }
 
 impl NftDataplane<NftSocket> {
@@ -38,6 +41,24 @@ impl<K: NftKernel> NftDataplane<K> {
             kernel,
             footprints: Footprints::default(),
             verifier: Verifier::default(),
+            service_tables: None,
+        }
+    }
+
+    /// `config` with the count of Service tables to program: the config's own
+    /// if it sets one, else the count the kernel has while it fits the state
+    /// (`service_tables::keep_or_choose`).
+    fn with_service_tables(
+        config: &NodeConfig,
+        found: Option<u16>,
+        state: &ClusterState,
+    ) -> NodeConfig {
+        let count = config
+            .service_tables
+            .unwrap_or_else(|| service_tables::keep_or_choose(found, state.services.len()));
+        NodeConfig {
+            service_tables: Some(count),
+            ..config.clone()
         }
     }
 
@@ -48,7 +69,9 @@ impl<K: NftKernel> NftDataplane<K> {
         config: &NodeConfig,
     ) -> Result<Ruleset, NftError> {
         let views = read_views(&mut self.kernel)?;
-        Ok(desired_as_placed(&views, state, config))
+        let found = self.service_tables.or(service_tables::found_in(&views));
+        let config = Self::with_service_tables(config, found, state);
+        Ok(desired_as_placed(&views, state, &config))
     }
 
     fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
@@ -66,7 +89,18 @@ impl<K: NftKernel> NftDataplane<K> {
         let started = std::time::Instant::now();
         let views = read_views(&mut self.kernel)?;
         let read = started.elapsed();
-        let (plan, footprints) = plan_full(&views, state, config);
+        let found = service_tables::found_in(&views);
+        let config = Self::with_service_tables(config, found, state);
+        let count = config.service_tables;
+        if found.is_some() && found != count {
+            tracing::info!(
+                from = found,
+                to = count,
+                services = state.services.len(),
+                "regrouping the Services into another count of Service tables, in this full sync"
+            );
+        }
+        let (plan, footprints) = plan_full(&views, state, &config);
         drop(views);
         let planned = started.elapsed();
         let committed = self.commit(plan)?;
@@ -78,6 +112,7 @@ impl<K: NftKernel> NftDataplane<K> {
             "full sync: our tables read back, the plan made, committed"
         );
         self.footprints = footprints;
+        self.service_tables = count;
         Ok(committed)
     }
 
@@ -87,6 +122,15 @@ impl<K: NftKernel> NftDataplane<K> {
         config: &NodeConfig,
         changed: &[ServiceKey],
     ) -> Result<Committed, NftError> {
+        let Some(count) = self.service_tables else {
+            return self.full(state, config);
+        };
+        let config = &Self::with_service_tables(config, Some(count), state);
+        if config.service_tables != Some(count) {
+            // Grown or shrunk past what the tables are for: only a full sync
+            // moves every Service at once.
+            return self.full(state, config);
+        }
         let mut reread = Reread::default();
         for (table, chain) in self.footprints.chains_of(changed) {
             let rules = self.kernel.read_chain_rules(*table, chain)?;
@@ -152,9 +196,16 @@ impl<K: NftKernel> Dataplane for NftDataplane<K> {
     }
 
     fn begin_verification(&mut self, snapshot: Arc<Snapshot>, config: &NodeConfig) -> bool {
+        let Some(count) = self.service_tables else {
+            return false;
+        };
         match self.kernel.second_socket() {
             Some(Ok(sock)) => {
-                self.verifier.begin(sock, snapshot, config.clone());
+                let config = NodeConfig {
+                    service_tables: config.service_tables.or(Some(count)),
+                    ..config.clone()
+                };
+                self.verifier.begin(sock, snapshot, config);
                 true
             }
             Some(Err(e)) => {

@@ -20,6 +20,7 @@ pub mod pick;
 pub mod plan;
 pub mod planner;
 pub mod service;
+pub mod service_tables;
 pub mod skeleton;
 pub mod slots;
 pub mod translate;

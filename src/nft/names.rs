@@ -3,9 +3,6 @@
 //! that they stay unique and stable when truncated to nftables' limits.
 
 use crate::core::model::{Service, ServicePort};
-use crate::core::net::Family;
-use crate::core::node_config::NodeConfig;
-use crate::ruleset::{TableId, SERVICE_SHARDS};
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
@@ -31,24 +28,8 @@ pub const SET_MASQUERADE_SERVICES: &str = "masquerade-services";
 pub const SET_MASQUERADE_NODEPORTS: &str = "masquerade-nodeports";
 pub const CHAIN_SERVICE_PORTS_CHECK: &str = "service-ports-check";
 
-/// The Service table that holds a Service's port chains, by a stable hash of
-/// its namespace and name (both families use the same number).
-pub fn shard_of(key: &crate::core::model::ServiceKey) -> u16 {
-    (fnv1a(format!("{}/{}", key.namespace, key.name).as_bytes()) % SERVICE_SHARDS as u64) as u16
-}
-
-/// The tables a family has under these settings: the main one, and the Service
-/// tables unless IPVS (which has no Service chains) is the backend.
-pub fn table_ids(family: Family, config: &NodeConfig) -> Vec<TableId> {
-    if config.mode.is_ipvs() {
-        vec![TableId::main(family)]
-    } else {
-        TableId::all_of(family).collect()
-    }
-}
-
 /// FNV-1a, 64 bits: stable across versions and platforms, which chain names need.
-fn fnv1a(data: &[u8]) -> u64 {
+pub(crate) fn fnv1a(data: &[u8]) -> u64 {
     data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })

@@ -18,9 +18,10 @@ use crate::nft::kernel::Views;
 use crate::nft::lower::{
     lower_chain, lower_element, lower_key, lower_object, lower_set, lower_table,
 };
-use crate::nft::names::{table_ids, SET_HAIRPIN};
+use crate::nft::names::SET_HAIRPIN;
 use crate::nft::pick::{Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared};
 use crate::nft::plan::{diff_rules, Plan};
+use crate::nft::service_tables;
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{Placement, SlotKey};
 use crate::nft::translate::{hairpin_element, node_elements, service_rules, translate_placed};
@@ -675,8 +676,9 @@ pub fn plan_full_into(
     let mut footprints = Footprints::default();
     let placement = PlacedInViews::new(views);
     let mut rebuilt: Option<Ruleset> = None;
+    let count = service_tables::count(config, state);
     for family in Family::ALL {
-        let ids = table_ids(family, config);
+        let ids = service_tables::table_ids(family, config, count);
         for stale in TableId::all_of(family).filter(|t| !ids.contains(t)) {
             if views.contains_key(&stale) {
                 plan.delete_table(stale);
@@ -684,7 +686,7 @@ pub fn plan_full_into(
         }
         let skeletons: Vec<(TableId, KernelTable)> = ids
             .iter()
-            .map(|id| (*id, lower_table(&skeleton_of(*id, config))))
+            .map(|id| (*id, lower_table(&skeleton_of(*id, config, count))))
             .collect();
         let mut rebuild: BTreeSet<TableId> = BTreeSet::new();
         let mut wanted_chains: HashMap<TableId, BTreeSet<String>> = HashMap::new();

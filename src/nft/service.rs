@@ -17,6 +17,7 @@ use crate::core::policy::{categorize, port_endpoints, Categorized};
 use crate::nft::build::{dispatch_key, element, nodeport_key};
 use crate::nft::names::*;
 use crate::nft::pick::{EntryKind, EntrySlots, PickGroup, Shared};
+use crate::nft::service_tables;
 use crate::nft::slots::{assign_slots, Fill, Placement};
 use crate::ruleset::{
     clamp_comment, Chain, CtTimeoutPolicy, Element, Field, KeyValue, Mapped, NamedObject,
@@ -535,7 +536,8 @@ pub(super) fn nftables_rules(
     config: &NodeConfig,
     placement: &dyn Placement,
 ) -> ServiceRules {
-    let mut out = ServiceRules::new(TableId::shard(family, shard_of(&svc.key)));
+    let count = service_tables::count(config, state);
+    let mut out = ServiceRules::new(service_tables::table_of(&svc.key, family, count));
     let Some(s) = ServiceIn::start(&mut out, state, svc, family) else {
         return out;
     };

@@ -9,7 +9,7 @@ use crate::nft::ipvs_table::adapt_for_ipvs;
 use crate::nft::names::*;
 use crate::ruleset::{
     ChainType, Direction, Field, Hook, KeyType, MapData, Rule, Set, Stmt, Table, TableId, Verdict,
-    SERVICE_SHARDS, TABLE_NAME,
+    TABLE_NAME,
 };
 
 /// The node's addresses that serve NodePorts: in the main table (the
@@ -279,11 +279,12 @@ const SERVICE_TABLE_NAT_PRIORITY: i32 = -99;
 /// stops at the first one that sets up a binding; a Service is in one table
 /// only, so at most one table DNATs a connection.
 ///
-/// Its comment names the layout: a table of an earlier layout (a chain and an
-/// endpoint map per Service port) has another, and is replaced whole by the
-/// first full sync, in its one transaction, instead of set by set (deleting
+/// Its comment names the layout and the count of Service tables: a table of
+/// an earlier layout (a chain and an endpoint map per Service port), or of
+/// another count (`nft::service_tables`), has another, and is replaced whole by
+/// the first full sync, in its one transaction, instead of set by set (deleting
 /// 6,000 named sets of a table one by one walks its sets 6,000 times).
-pub fn service_table_skeleton(id: TableId) -> Table {
+pub fn service_table_skeleton(id: TableId, count: u16) -> Table {
     let family = id.family;
     let addr = family.addr_type();
     let enter = || vec![Rule::new(vec![jump(CHAIN_SERVICES)])];
@@ -291,7 +292,7 @@ pub fn service_table_skeleton(id: TableId) -> Table {
         family,
         name: id.name().to_string(),
         comment: Some(format!(
-            "kube-nft: 1/{SERVICE_SHARDS} of the Services by name hash, their endpoints in a map per endpoint count (managed by kube-nft, do not edit)"
+            "kube-nft: 1/{count} of the Services by name hash, their endpoints in a map per endpoint count (managed by kube-nft, do not edit)"
         )),
         objects: Vec::new(),
         sets: vec![
@@ -341,11 +342,11 @@ pub fn service_table_skeleton(id: TableId) -> Table {
     }
 }
 
-/// The static part of any of our tables.
-pub fn skeleton_of(id: TableId, config: &NodeConfig) -> Table {
+/// The static part of any of our tables, with `count` Service tables.
+pub fn skeleton_of(id: TableId, config: &NodeConfig, count: u16) -> Table {
     match id.shard {
         None => skeleton(id.family, config),
-        Some(_) => service_table_skeleton(id),
+        Some(_) => service_table_skeleton(id, count),
     }
 }
 

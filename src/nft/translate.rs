@@ -8,9 +8,9 @@
 //! that follows the endpoint counts in use, not the Services.
 //! - `service-ips` dispatches `daddr . l4proto . dport` (and `service-nodeports`
 //!   `l4proto . dport`) to the chain that picks the entry's endpoint. The dispatch
-//!   maps and what they lead to are spread over `SERVICE_SHARDS` Service tables by
-//!   a hash of the Service's name (see `ruleset::TableId`); the main table keeps
-//!   everything else.
+//!   maps and what they lead to are spread over Service tables by a hash of the
+//!   Service's name, as many as the cluster's size calls for
+//!   (`nft::service_tables`); the main table keeps everything else.
 //! - A Service port with n endpoints goes to the table's `pick-n`, which DNATs to
 //!   the endpoint in slot `numgen random mod n` of the packet's entry in a shared
 //!   endpoint map (`pick`), so every endpoint gets exactly 1/n. Session affinity
@@ -29,6 +29,7 @@ use crate::nft::ipvs_table::ipvs_rules;
 use crate::nft::names::*;
 use crate::nft::pick::{EndpointMap, EntryKind, Shared};
 use crate::nft::service::{nftables_rules, ServiceRules};
+use crate::nft::service_tables;
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{FromScratch, Placement};
 use crate::ruleset::{Element, KeyValue, Ruleset, Table, TableId};
@@ -87,8 +88,12 @@ fn tables_for(
     family: Family,
     placement: &dyn Placement,
 ) -> Vec<Table> {
-    let ids = table_ids(family, config);
-    let mut tables: Vec<Table> = ids.iter().map(|id| skeleton_of(*id, config)).collect();
+    let count = service_tables::count(config, state);
+    let ids = service_tables::table_ids(family, config, count);
+    let mut tables: Vec<Table> = ids
+        .iter()
+        .map(|id| skeleton_of(*id, config, count))
+        .collect();
     let index = |id: TableId| {
         ids.iter()
             .position(|t| *t == id)
@@ -198,6 +203,7 @@ mod tests {
 
     use crate::core::net::Protocol;
     use crate::nft::build::DISPATCH_KEY;
+    use crate::nft::service_tables::shard_of;
     use crate::nft::slots::{assign_slots, Fill};
     use crate::ruleset::{Field, KeyValue, MapData, Mapped, Stmt, Verdict, SERVICE_SHARDS};
     use std::net::IpAddr;
@@ -356,7 +362,7 @@ mod tests {
         );
         // The chain and map are the count's, not the Service's.
         let home = rs
-            .get(TableId::shard(Family::Ip, shard_of(&key("web"))))
+            .get(TableId::shard(Family::Ip, shard_of(&key("web"), 1)))
             .unwrap();
         let pick = home.chain("pick-3").expect("pick-3");
         assert_eq!(pick.rules.len(), 3, "one rule per protocol");
@@ -407,7 +413,7 @@ mod tests {
             .find_map(|(i, a)| {
                 let b = names[i + 1..]
                     .iter()
-                    .find(|b| shard_of(&key(b)) == shard_of(&key(a)))?;
+                    .find(|b| shard_of(&key(b), 16) == shard_of(&key(a), 16))?;
                 Some((a.clone(), b.clone()))
             })
             .unwrap();
@@ -434,9 +440,13 @@ mod tests {
             state.services.append(&mut s.services);
             state.slices.append(&mut s.slices);
         }
-        let rs = translate(&state, &NodeConfig::default());
+        let sixteen = NodeConfig {
+            service_tables: Some(SERVICE_SHARDS),
+            ..NodeConfig::default()
+        };
+        let rs = translate(&state, &sixteen);
         let table = rs
-            .get(TableId::shard(Family::Ip, shard_of(&key(&a))))
+            .get(TableId::shard(Family::Ip, shard_of(&key(&a), 16)))
             .unwrap();
         // Both counts, 3 and 4, share the map of 3 to 4 endpoints.
         let external: Vec<String> = table
@@ -536,17 +546,45 @@ mod tests {
     }
 
     #[test]
+    fn a_small_cluster_has_one_service_table_per_family() {
+        let state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
+        let rs = translate(&state, &NodeConfig::default());
+        let ids: Vec<TableId> = rs.tables.iter().map(|t| t.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                TableId::main(Family::Ip),
+                TableId::shard(Family::Ip, 0),
+                TableId::main(Family::Ip6),
+                TableId::shard(Family::Ip6, 0),
+            ]
+        );
+        let comment = rs
+            .get(TableId::shard(Family::Ip, 0))
+            .unwrap()
+            .comment
+            .clone();
+        assert!(comment
+            .unwrap()
+            .starts_with("kube-nft: 1/1 of the Services"));
+    }
+
+    #[test]
     fn a_services_dispatch_elements_and_endpoints_share_its_service_table() {
         let mut state = state_with("web", &["10.0.0.10"], &[("10.244.0.1", READY)]);
         let other = state_with("api", &["10.0.0.11"], &[("10.244.0.2", READY)]);
         state.services.extend(other.services);
         state.slices.extend(other.slices);
-        assert_ne!(shard_of(&key("web")), shard_of(&key("api")));
-        let rs = translate(&state, &NodeConfig::default());
+        assert_ne!(shard_of(&key("web"), 16), shard_of(&key("api"), 16));
+        let sixteen = NodeConfig {
+            service_tables: Some(SERVICE_SHARDS),
+            ..NodeConfig::default()
+        };
+        let rs = translate(&state, &sixteen);
         assert_eq!(rs.tables.len(), 2 * (1 + SERVICE_SHARDS as usize));
         for name in ["web", "api"] {
             let home = rs
-                .get(TableId::shard(Family::Ip, shard_of(&key(name))))
+                .get(TableId::shard(Family::Ip, shard_of(&key(name), 16)))
                 .unwrap();
             let dispatch = &home.set(MAP_SERVICE_IPS).unwrap().elements;
             assert_eq!(dispatch.len(), 1);
@@ -773,7 +811,7 @@ mod template_tests {
             .collect();
         let tables = [
             skeleton(Family::Ip, &config),
-            service_table_skeleton(TableId::shard(Family::Ip, 0)),
+            service_table_skeleton(TableId::shard(Family::Ip, 0), 16),
         ];
         let text: String = tables.iter().map(crate::ruleset::text::table).collect();
         assert_eq!(text, body.trim_start());

@@ -17,7 +17,8 @@ use std::net::IpAddr;
 /// Service port chains.
 pub const TABLE_NAME: &str = "kube-nft";
 
-/// How many tables per family share the Service port chains (see `TableId`).
+/// How many tables per family may share the Service port chains (see
+/// `TableId`); `nft::service_tables` chooses how many of them a cluster uses.
 pub const SERVICE_SHARDS: u16 = 16;
 
 /// The names of the Service tables, `kube-nft-services-NN`.
@@ -41,11 +42,11 @@ const SHARD_NAMES: [&str; SERVICE_SHARDS as usize] = [
 ];
 
 /// One of the tables kube-nft owns: the main table of a family, or one of its
-/// Service tables. The Service port chains are spread over `SERVICE_SHARDS`
-/// tables because the kernel validates a whole table (every chain reachable from
-/// its base chains) in any commit that adds a rule with a NAT or verdict
-/// statement: spread out, an endpoint change validates one shard, not every
-/// Service (docs/DESIGN.md, "Kernel scaling traps").
+/// Service tables. The Service port chains are spread over up to
+/// `SERVICE_SHARDS` tables because the kernel validates a whole table (every
+/// chain reachable from its base chains) in any commit that adds a rule with a
+/// NAT or verdict statement: spread out, an endpoint change validates one
+/// shard, not every Service (docs/DESIGN.md, "Kernel scaling traps").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableId {
     pub family: Family,
