@@ -733,6 +733,9 @@ async fn node_port(client: &Client, i: usize, on: bool) -> Result<(), String> {
         .map_err(|e| format!("making {} a NodePort Service: {e}", service_name(i)))
 }
 
+/// How long a ruleset just loaded waits before it is measured.
+const SETTLE: Duration = Duration::from_secs(3);
+
 /// The data plane's rounds at one size: in each, every kept ruleset on the
 /// bare node (`nft -f` of its listing), then measured.
 fn data_plane(
@@ -745,11 +748,17 @@ fn data_plane(
     let mut rounds = Vec::new();
     for round in 0..runs.rounds {
         let mut measured = Vec::new();
-        for (c, ruleset) in rulesets {
+        // Each contender goes first in turn, and each waits for the kernel to
+        // free the ruleset before it (in work of its own, after the commit),
+        // so that no contender is always the one measured beside that work.
+        let mut order: Vec<&(Contender, Vec<u8>)> = rulesets.iter().collect();
+        order.rotate_left(round % rulesets.len().max(1));
+        for (c, ruleset) in order {
             bare_node()?;
             let file = opts.logs.join(format!("{}-{size}-dataplane.nft", c.name()));
             std::fs::write(&file, ruleset).map_err(|e| e.to_string())?;
             nft(None, &["-f", file.to_str().unwrap_or_default()])?;
+            std::thread::sleep(SETTLE);
             let t = stage.measure(vip(size - 1), opts.node_ip, runs.seconds)?;
             eprintln!(
                 "bench-kube-proxy: {size}: data plane, round {}: {}: {t:?}",
