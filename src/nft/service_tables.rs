@@ -12,9 +12,10 @@
 //! doubling (up to `SERVICE_SHARDS`) as the cluster grows past that per table.
 //! A count the kernel already has is kept while its tables are neither twice
 //! too full nor four times too empty, so that a restart writes nothing and a
-//! cluster at a bound does not regroup back and forth. Counts are powers of two and a Service's table is
-//! its name hash modulo the count, so a regroup keeps each Service in the table
-//! whose number is its hash modulo the new count.
+//! cluster at a bound does not regroup back and forth. Counts are powers of
+//! two and a Service's table is its name hash modulo the count, so a regroup
+//! keeps each Service in the table whose number is its hash modulo the new
+//! count.
 
 use crate::core::model::{ClusterState, ServiceKey};
 use crate::core::net::Family;
