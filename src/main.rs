@@ -97,6 +97,11 @@ enum Command {
     /// turn, on this network namespace as a node of a real control plane
     /// (integration/k8s/bench.sh sets it up and runs this).
     BenchKubeProxy(VersusArgs),
+    /// Many nodes on one API server: kube-nft on every node, then kube-proxy
+    /// (nftables mode), each node a network namespace, under a steady churn
+    /// of endpoint changes (integration/k8s/bench-nodes.sh sets it up and
+    /// runs this in the control plane's namespace).
+    BenchNodes(NodesArgs),
     /// Measure the IPVS backend's syncs at several cluster sizes, beside the
     /// same state written by ipvsadm, ip and nft (needs a kernel with IPVS:
     /// benches/ipvs_scale.sh runs it in a guest).
@@ -197,6 +202,49 @@ struct BenchArgs {
     /// step a partial sync, while a client connects through one ClusterIP.
     #[arg(long, value_name = "FROM,TO", value_parser = parse_growth)]
     growth: Option<(usize, usize)>,
+}
+
+#[derive(Args)]
+struct NodesArgs {
+    /// The kubeconfig every proxy uses (an admin's: the benchmark also writes
+    /// the Services and EndpointSlices).
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// The kube-proxy binary.
+    #[arg(long)]
+    kube_proxy: PathBuf,
+    /// A node, as NETNS:NAME:IP: its network namespace, its registered
+    /// Node's name, and its address, where its proxy serves its metrics.
+    #[arg(long = "node", required = true)]
+    nodes: Vec<kube_nft::bench::nodes::Node>,
+    /// Services in the cluster (10 endpoints each).
+    #[arg(long, default_value_t = 10_000)]
+    services: usize,
+    /// Which to run, comma-separated: kube-nft, nftables (kube-proxy's mode).
+    #[arg(long, value_delimiter = ',', default_value = "kube-nft,nftables")]
+    contenders: Vec<String>,
+    /// Endpoint changes per second during the churn.
+    #[arg(long, default_value_t = 2.0)]
+    rate: f64,
+    /// How long the churn lasts, in seconds.
+    #[arg(long, default_value_t = 300)]
+    churn_seconds: u64,
+    /// Seconds all the nodes' proxies may take to sync once.
+    #[arg(long, default_value_t = 1800)]
+    start_limit: u64,
+    /// Seconds the proxies may take, after the churn, to program what it changed.
+    #[arg(long, default_value_t = 600)]
+    drain_limit: u64,
+    /// The kube-apiserver's process, for its CPU time and peak RSS.
+    #[arg(long)]
+    apiserver_pid: u32,
+    /// Write the Services straight into the etcd at this address (see
+    /// bench-kube-proxy's flag of the same name).
+    #[arg(long, value_name = "ADDR:PORT")]
+    etcd: Option<std::net::SocketAddr>,
+    /// Where each process's log goes.
+    #[arg(long, default_value = "/var/tmp/kube-nft-bench-nodes")]
+    logs: PathBuf,
 }
 
 #[derive(Args)]
@@ -471,6 +519,7 @@ fn main() -> ExitCode {
         .map_err(|e| e.to_string()),
         Command::Bench(args) => bench(args).map(|_| true),
         Command::BenchKubeProxy(args) => bench_kube_proxy(&args),
+        Command::BenchNodes(args) => bench_nodes(&args),
         Command::BenchIpvs {
             sizes,
             endpoints,
@@ -717,6 +766,33 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
             addr,
             netns: args.etcd_netns.clone(),
         }),
+    })?;
+    Ok(true)
+}
+
+fn bench_nodes(args: &NodesArgs) -> Result<bool, String> {
+    use kube_nft::bench::nodes::{self, Contender};
+    let contenders = args
+        .contenders
+        .iter()
+        .map(|n| Contender::named(n).ok_or_else(|| format!("{n:?} is not kube-nft or nftables")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.services == 0 || !args.rate.is_finite() || args.rate <= 0.0 {
+        return Err("--services and --rate must be above 0".into());
+    }
+    nodes::bench_nodes(&nodes::NodesOptions {
+        kubeconfig: args.kubeconfig.clone(),
+        kube_proxy: args.kube_proxy.clone(),
+        nodes: args.nodes.clone(),
+        services: args.services,
+        contenders,
+        rate: args.rate,
+        churn: Duration::from_secs(args.churn_seconds),
+        start_limit: Duration::from_secs(args.start_limit),
+        drain_limit: Duration::from_secs(args.drain_limit),
+        apiserver_pid: args.apiserver_pid,
+        etcd: args.etcd.map(|addr| nodes::Etcd { addr, netns: None }),
+        logs: args.logs.clone(),
     })?;
     Ok(true)
 }

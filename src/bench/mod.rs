@@ -13,11 +13,13 @@
 //! input count for both (the model is made in memory, nft parses its file). The
 //! in-process sync time is reported beside it, never divided by nft's.
 
+pub mod api_cluster;
 pub mod api_path;
 pub mod apiserver;
 pub mod dataplane;
 pub mod etcd_load;
 pub mod ipvs;
+pub mod nodes;
 pub mod operator;
 pub mod plot;
 pub mod reach;

@@ -122,7 +122,9 @@ pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> io::Res
     let (head, body) = resp
         .split_once("\r\n\r\n")
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no HTTP response"))?;
-    if !head.starts_with("HTTP/1.1 200") {
+    // HTTP/1.0 or 1.1: a Go server answers in the request's version.
+    let status = head.split_whitespace().nth(1);
+    if !head.starts_with("HTTP/1.") || status != Some("200") {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             head.lines().next().unwrap_or("").to_string(),

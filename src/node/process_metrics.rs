@@ -31,7 +31,13 @@ pub struct ProcessStats {
 
 impl ProcessStats {
     pub fn read() -> ProcessStats {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        ProcessStats::of("self")
+    }
+
+    /// The same of process `pid` (a number, or `self`): the benches read their
+    /// children's and the API server's.
+    pub fn of(pid: &str) -> ProcessStats {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         // The fields after the command, which may hold spaces and parentheses.
         let fields: Vec<&str> = stat
             .rsplit_once(')')
@@ -44,12 +50,12 @@ impl ProcessStats {
                 .find_map(|l| l.strip_prefix("btime "))
                 .and_then(|t| t.trim().parse::<f64>().ok())
         });
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let rss_kib = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok());
-        let max_fds = std::fs::read_to_string("/proc/self/limits")
+        let max_fds = std::fs::read_to_string(format!("/proc/{pid}/limits"))
             .ok()
             .and_then(|limits| {
                 let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
@@ -68,7 +74,7 @@ impl ProcessStats {
                 .map(|(ticks, boot)| boot + ticks / TICKS_PER_SECOND),
             resident_memory_bytes: rss_kib.map(|k| k * 1024.0),
             virtual_memory_bytes: field(23),
-            open_fds: std::fs::read_dir("/proc/self/fd")
+            open_fds: std::fs::read_dir(format!("/proc/{pid}/fd"))
                 .ok()
                 .map(|d| d.count() as f64),
             max_fds,
