@@ -242,6 +242,10 @@ struct NodesArgs {
     /// bench-kube-proxy's flag of the same name).
     #[arg(long, value_name = "ADDR:PORT")]
     etcd: Option<std::net::SocketAddr>,
+    /// One more argument for every proxy (repeat it for more), e.g.
+    /// `--proxy-arg=--min-sync-period=0s`.
+    #[arg(long = "proxy-arg", allow_hyphen_values = true)]
+    proxy_args: Vec<String>,
     /// Where each process's log goes.
     #[arg(long, default_value = "/var/tmp/kube-nft-bench-nodes")]
     logs: PathBuf,
@@ -791,6 +795,7 @@ fn bench_nodes(args: &NodesArgs) -> Result<bool, String> {
         start_limit: Duration::from_secs(args.start_limit),
         drain_limit: Duration::from_secs(args.drain_limit),
         apiserver_pid: args.apiserver_pid,
+        proxy_args: args.proxy_args.clone(),
         etcd: args.etcd.map(|addr| nodes::Etcd { addr, netns: None }),
         logs: args.logs.clone(),
     })?;

@@ -15,8 +15,8 @@
 //!   each node's metrics before and after and summed over the nodes;
 //! - the API server's CPU seconds and peak RSS (VmHWM, reset at the start of
 //!   each contender), the bytes each node received (its link's counter: the
-//!   API server is all that talks to it), and each proxy's CPU seconds and
-//!   peak RSS.
+//!   API server is all that talks to it), and each proxy's CPU seconds (with
+//!   its children's: kube-proxy runs `nft`) and peak RSS.
 //!
 //! Both contenders get the same sequence of changes. It runs in the control
 //! plane's namespace (`integration/k8s/bench-nodes.sh` sets it up), from
@@ -119,6 +119,8 @@ pub struct NodesOptions {
     /// How long the proxies may take, after the churn, to program what it changed.
     pub drain_limit: Duration,
     pub apiserver_pid: u32,
+    /// Given to every proxy after the harness's own arguments.
+    pub proxy_args: Vec<String>,
     pub etcd: Option<Etcd>,
     pub logs: PathBuf,
 }
@@ -379,6 +381,7 @@ fn start(opts: &NodesOptions, c: Contender, node: &Node) -> Result<Child, String
     if c == Contender::KubeProxyNftables {
         cmd.args(["--proxy-mode", "nftables"]);
     }
+    cmd.args(&opts.proxy_args);
     let log = opts.logs.join(format!("{}-{}.log", c.name(), node.name));
     let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     cmd.stdin(Stdio::null())
@@ -420,10 +423,11 @@ fn received_bytes(node: &Node) -> Result<u64, String> {
         .ok_or_else(|| format!("no byte count for {}'s fabric0", node.netns))
 }
 
+/// The CPU time of a process and of the children it has waited for:
+/// kube-proxy's syncs are mostly the `nft` it runs.
 fn cpu_seconds(pid: u32) -> f64 {
-    ProcessStats::of(&pid.to_string())
-        .cpu_seconds
-        .unwrap_or(f64::NAN)
+    let stats = ProcessStats::of(&pid.to_string());
+    stats.cpu_seconds.unwrap_or(f64::NAN) + stats.children_cpu_seconds.unwrap_or(f64::NAN)
 }
 
 fn measure(
@@ -616,11 +620,16 @@ pub fn table(opts: &NodesOptions, results: &[(Contender, Result<Figures, String>
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n### {} nodes, {} Services × {ENDPOINTS} endpoints, {:.0} endpoint changes/s for {:.0} s\n",
+        "\n### {} nodes, {} Services × {ENDPOINTS} endpoints, {} endpoint changes/s for {:.0} s{}\n",
         opts.nodes.len(),
         super::thousands(opts.services),
         opts.rate,
-        opts.churn.as_secs_f64()
+        opts.churn.as_secs_f64(),
+        if opts.proxy_args.is_empty() {
+            String::new()
+        } else {
+            format!(", every proxy with `{}`", opts.proxy_args.join(" "))
+        }
     );
     let _ = write!(out, "| |");
     for (c, _) in results {
@@ -687,6 +696,10 @@ pub fn table(opts: &NodesOptions, results: &[(Contender, Result<Figures, String>
     });
     row(&mut out, "proxy CPU per node, churn", &|f| {
         med_max(&f.cpu_churn, "s", 2)
+    });
+    row(&mut out, "all nodes' proxies, churn", &|f| {
+        let total: f64 = f.cpu_churn.iter().sum();
+        format!("{:.2} cores", total / opts.churn.as_secs_f64())
     });
     row(&mut out, "proxy peak RSS per node", &|f| {
         med_max(&f.peak_rss_mib, "MiB", 0)
