@@ -8,6 +8,7 @@
 //! go through the API server.
 
 use super::etcd_load::{self, Etcd};
+use crate::source::store::TRIGGER_TIME_ANNOTATION;
 use crate::testbed::synthetic::endpoint_addr;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
@@ -268,11 +269,45 @@ pub(crate) async fn set_endpoints(
     i: usize,
     addrs: &[IpAddr],
 ) -> Result<(), String> {
+    patch_endpoints(client, i, addrs, None).await
+}
+
+/// Service `i`'s endpoints set to `addrs`; with a trigger time, that time in
+/// the annotation where the EndpointSlice controller records a change's, from
+/// which proxies report their network programming latency.
+pub(crate) async fn patch_endpoints(
+    client: &Client,
+    i: usize,
+    addrs: &[IpAddr],
+    trigger_time: Option<&str>,
+) -> Result<(), String> {
     let name = slice_name(i);
-    let patch = json!({"endpoints": slice_json(i, addrs)["endpoints"]});
+    let mut patch = json!({"endpoints": slice_json(i, addrs)["endpoints"]});
+    if let Some(t) = trigger_time {
+        patch["metadata"] = json!({"annotations": {TRIGGER_TIME_ANNOTATION: t}});
+    }
     slice_api(client, i)
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())
         .map_err(|e| format!("updating {name}: {e}"))
+}
+
+/// The flags every proxy of the benches takes, kube-nft and kube-proxy alike:
+/// the cluster's pods are in 10.128.0.0/9 (`endpoint_addr`), and
+/// nf_conntrack_max is the host's, read-only in a node's namespace, so both
+/// leave it (the timeouts are the namespace's, and both set them).
+pub(crate) fn proxy_flags(kubeconfig: &std::path::Path, node_name: &str) -> Vec<String> {
+    [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap_or_default(),
+        "--hostname-override",
+        node_name,
+        "--cluster-cidr",
+        "10.128.0.0/9",
+        "--conntrack-max-per-core",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
 }

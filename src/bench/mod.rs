@@ -40,6 +40,24 @@ use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+/// Stops processes as a node stops its proxies: SIGTERM to all, up to 10 s
+/// for them to exit, then SIGKILL; each is reaped.
+pub(crate) fn stop_all(children: &mut [std::process::Child]) {
+    for child in children.iter() {
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    for child in children.iter_mut() {
+        while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// Runs `nft ARGS` in network namespace `netns` (through `ip netns exec`), or
 /// in this process's: what it printed, or an error with what it said.
 pub(crate) fn nft(netns: Option<&str>, args: &[&str]) -> Result<Vec<u8>, String> {

@@ -23,20 +23,17 @@
 //! where it reaches the API server, etcd and every node's metrics.
 
 use super::api_cluster::{
-    client, create_namespaces, populate, slice_api, slice_json, slice_name, store_services,
-    ENDPOINTS,
+    client, create_namespaces, patch_endpoints, populate, proxy_flags, store_services, ENDPOINTS,
 };
 pub use super::etcd_load::Etcd;
-use super::median;
-use super::nft;
+use super::versus::proxy_command;
+pub use super::versus::Contender;
+use super::{median, nft, stop_all};
 use crate::lab::hostname_server::http_get_path;
 use crate::node::metrics::peak_rss_kib_of;
 use crate::node::process_metrics::ProcessStats;
-use crate::source::store::TRIGGER_TIME_ANNOTATION;
 use crate::testbed::synthetic::endpoint_addr;
-use kube::api::{Patch, PatchParams};
 use kube::Client;
-use serde_json::json;
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -74,34 +71,6 @@ impl std::str::FromStr for Node {
             name: name.to_string(),
             ip: ip.parse().map_err(|_| bad())?,
         })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Contender {
-    KubeNft,
-    KubeProxyNftables,
-}
-
-impl Contender {
-    pub fn named(name: &str) -> Option<Contender> {
-        [Contender::KubeNft, Contender::KubeProxyNftables]
-            .into_iter()
-            .find(|c| c.name() == name)
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Contender::KubeNft => "kube-nft",
-            Contender::KubeProxyNftables => "nftables",
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self {
-            Contender::KubeNft => "kube-nft",
-            Contender::KubeProxyNftables => "kube-proxy nftables",
-        }
     }
 }
 
@@ -159,31 +128,28 @@ impl Histogram {
     /// `name`'s series in a scrape, summed over their labels other than `le`.
     pub fn scraped(text: &str, name: &str) -> Histogram {
         let mut h = Histogram::default();
-        let bucket = format!("{name}_bucket{{");
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
+        let (bucket, sum, count) = (
+            format!("{name}_bucket"),
+            format!("{name}_sum"),
+            format!("{name}_count"),
+        );
+        for (metric, labels, value) in samples(text) {
             let Ok(value) = value.parse::<f64>() else {
                 continue;
             };
-            if let Some(labels) = series.strip_prefix(&bucket) {
+            if metric == bucket {
                 let Some(le) = labels
                     .split(',')
-                    .find_map(|l| l.trim_end_matches('}').strip_prefix("le=\""))
+                    .find_map(|l| l.strip_prefix("le=\""))
                     .map(|l| l.trim_end_matches('"'))
                     .and_then(|l| l.parse::<f64>().ok())
                 else {
                     continue;
                 };
                 h.add_bucket(le, value);
-            } else if series == format!("{name}_sum")
-                || series.starts_with(&format!("{name}_sum{{"))
-            {
+            } else if metric == sum {
                 h.sum += value;
-            } else if series == format!("{name}_count")
-                || series.starts_with(&format!("{name}_count{{"))
-            {
+            } else if metric == count {
                 h.count += value;
             }
         }
@@ -317,19 +283,7 @@ impl Churn {
 /// EndpointSlice controller records it.
 async fn change(client: Client, i: usize, addrs: Vec<IpAddr>) -> Result<(), String> {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let patch = json!({
-        "metadata": {"annotations": {TRIGGER_TIME_ANNOTATION: now}},
-        "endpoints": slice_json(i, &addrs)["endpoints"],
-    });
-    slice_api(&client, i)
-        .patch(
-            &slice_name(i),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map(|_| ())
-        .map_err(|e| format!("updating {}: {e}", slice_name(i)))
+    patch_endpoints(&client, i, &addrs, Some(&now)).await
 }
 
 /// The proxies of every node, stopped when dropped (also when a measurement
@@ -338,49 +292,14 @@ struct Proxies(Vec<Child>);
 
 impl Drop for Proxies {
     fn drop(&mut self) {
-        for child in &self.0 {
-            if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            }
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for child in &mut self.0 {
-            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        stop_all(&mut self.0);
     }
 }
 
 fn start(opts: &NodesOptions, c: Contender, node: &Node) -> Result<Child, String> {
-    let program = match c {
-        Contender::KubeNft => std::env::current_exe().map_err(|e| e.to_string())?,
-        Contender::KubeProxyNftables => opts.kube_proxy.clone(),
-    };
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &node.netns]).arg(program);
-    if c == Contender::KubeNft {
-        cmd.arg("run");
-    }
-    // nf_conntrack_max is the host's, read-only in a node's namespace: both
-    // leave it.
-    cmd.args([
-        "--kubeconfig",
-        opts.kubeconfig.to_str().unwrap_or_default(),
-        "--hostname-override",
-        &node.name,
-        "--cluster-cidr",
-        "10.128.0.0/9",
-        "--conntrack-max-per-core",
-        "0",
-        "--metrics-bind-address",
-        &format!("{}:{METRICS_PORT}", node.ip),
-    ]);
-    if c == Contender::KubeProxyNftables {
-        cmd.args(["--proxy-mode", "nftables"]);
-    }
+    let mut flags = proxy_flags(&opts.kubeconfig, &node.name);
+    flags.push(format!("--metrics-bind-address={}:{METRICS_PORT}", node.ip));
+    let mut cmd = proxy_command(c, &opts.kube_proxy, Some(&node.netns), &flags)?;
     cmd.args(&opts.proxy_args);
     let log = opts.logs.join(format!("{}-{}.log", c.name(), node.name));
     let file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
@@ -399,15 +318,32 @@ fn scrape(node: &Node) -> Option<String> {
 /// A gauge's value in a scrape, summed over its series.
 fn gauge(text: &str, name: &str) -> Option<f64> {
     let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        if series == name || series.starts_with(&format!("{name}{{")) {
+    for (metric, _, value) in samples(text) {
+        if metric == name {
             *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
         }
     }
     found
+}
+
+/// A scrape's samples: each line's metric name, its labels (inside the
+/// braces, empty without), and its value as written.
+fn samples(text: &str) -> impl Iterator<Item = (&str, &str, &str)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = match series.split_once('{') {
+                Some((metric, labels)) => (metric, labels.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            Some((metric, labels, value))
+        })
+}
+
+/// Bytes received by each node.
+fn received_by(nodes: &[Node]) -> Result<Vec<u64>, String> {
+    nodes.iter().map(received_bytes).collect()
 }
 
 /// Bytes received on the node's link to the fabric.
@@ -446,11 +382,7 @@ fn measure(
     std::fs::write(format!("/proc/{apiserver}/clear_refs"), "5")
         .map_err(|e| format!("resetting the API server's peak RSS: {e}"))?;
     let api_cpu_0 = cpu_seconds(opts.apiserver_pid);
-    let bytes_0 = opts
-        .nodes
-        .iter()
-        .map(received_bytes)
-        .collect::<Result<Vec<_>, _>>()?;
+    let bytes_0 = received_by(&opts.nodes)?;
 
     let started = Instant::now();
     let proxies = Proxies(
@@ -484,13 +416,9 @@ fn measure(
     // informer); the churn starts on a quiet cluster.
     std::thread::sleep(Duration::from_secs(5));
     let pids: Vec<u32> = proxies.0.iter().map(Child::id).collect();
-    let cpu_0: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+    f.cpu_start = pids.iter().map(|&p| cpu_seconds(p)).collect();
     let api_cpu_1 = cpu_seconds(opts.apiserver_pid);
-    let bytes_1 = opts
-        .nodes
-        .iter()
-        .map(received_bytes)
-        .collect::<Result<Vec<_>, _>>()?;
+    let bytes_1 = received_by(&opts.nodes)?;
     let before: Vec<Histogram> = opts
         .nodes
         .iter()
@@ -502,7 +430,6 @@ fn measure(
         .collect::<Result<_, _>>()?;
     f.apiserver_cpu_start = api_cpu_1 - api_cpu_0;
     f.bytes_start = bytes_1.iter().zip(&bytes_0).map(|(b, a)| b - a).collect();
-    f.cpu_start = cpu_0.clone();
 
     // The churn: one change every 1/rate seconds, each sent without waiting
     // for the one before, so that a slow answer does not slow the rate.
@@ -571,7 +498,7 @@ fn measure(
     }
     f.cpu_churn = pids
         .iter()
-        .zip(&cpu_0)
+        .zip(&f.cpu_start)
         .map(|(&p, c0)| cpu_seconds(p) - c0)
         .collect();
     f.peak_rss_mib = pids
@@ -580,11 +507,7 @@ fn measure(
         .collect();
     f.apiserver_cpu_churn = cpu_seconds(opts.apiserver_pid) - api_cpu_1;
     f.apiserver_peak_rss_mib = peak_rss_kib_of(&apiserver) as f64 / 1024.0;
-    f.bytes_churn = opts
-        .nodes
-        .iter()
-        .map(received_bytes)
-        .collect::<Result<Vec<_>, _>>()?
+    f.bytes_churn = received_by(&opts.nodes)?
         .iter()
         .zip(&bytes_1)
         .map(|(b, a)| b - a)

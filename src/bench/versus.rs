@@ -20,8 +20,8 @@
 //! - peak RSS of the process (VmHWM), before its restarts.
 
 use super::api_cluster::{
-    addresses, client, create_namespaces, populate, service_api, service_name, set_endpoints,
-    slice_api, slice_name, store_services, vip, ENDPOINTS, PROBE_PORT,
+    addresses, client, create_namespaces, populate, proxy_flags, service_api, service_name,
+    set_endpoints, slice_api, slice_name, store_services, vip, ENDPOINTS, PROBE_PORT,
 };
 pub use super::etcd_load::Etcd;
 use super::reach::reaches;
@@ -71,7 +71,7 @@ impl Contender {
         }
     }
 
-    fn title(self) -> &'static str {
+    pub(crate) fn title(self) -> &'static str {
         match self {
             Contender::KubeNft => "kube-nft",
             Contender::KubeProxyNftables => "kube-proxy nftables",
@@ -254,31 +254,8 @@ fn plot(all: &[(usize, Results)]) -> String {
 }
 
 fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String> {
-    let kubeconfig = opts.kubeconfig.to_str().unwrap_or_default();
-    // nf_conntrack_max is the host's, read-only in the node's namespace: both
-    // leave it (the timeouts are the namespace's, and both set them).
-    let common = [
-        "--kubeconfig",
-        kubeconfig,
-        "--hostname-override",
-        &opts.node_name,
-        "--cluster-cidr",
-        "10.128.0.0/9",
-        "--conntrack-max-per-core",
-        "0",
-    ];
-    let mut cmd = match c {
-        Contender::KubeNft => {
-            let mut cmd = Command::new(std::env::current_exe().map_err(|e| e.to_string())?);
-            cmd.arg("run").args(common);
-            cmd
-        }
-        Contender::KubeProxyNftables | Contender::KubeProxyIptables => {
-            let mut cmd = Command::new(&opts.kube_proxy);
-            cmd.args(common).args(["--proxy-mode", c.name()]);
-            cmd
-        }
-    };
+    let flags = proxy_flags(&opts.kubeconfig, &opts.node_name);
+    let mut cmd = proxy_command(c, &opts.kube_proxy, None, &flags)?;
     let file = std::fs::File::create(opts.logs.join(log)).map_err(|e| e.to_string())?;
     cmd.stdin(Stdio::null())
         .stdout(file.try_clone().map_err(|e| e.to_string())?)
@@ -287,27 +264,43 @@ fn start(opts: &VersusOptions, c: Contender, log: &str) -> Result<Child, String>
         .map_err(|e| format!("starting {}: {e}", c.title()))
 }
 
+/// The command that runs contender `c` with `flags` (kube-proxy in its mode),
+/// in network namespace `netns` if one is given, else in this process's.
+pub(crate) fn proxy_command(
+    c: Contender,
+    kube_proxy: &std::path::Path,
+    netns: Option<&str>,
+    flags: &[String],
+) -> Result<Command, String> {
+    let program = match c {
+        Contender::KubeNft => std::env::current_exe().map_err(|e| e.to_string())?,
+        Contender::KubeProxyNftables | Contender::KubeProxyIptables => kube_proxy.to_path_buf(),
+    };
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    };
+    if c == Contender::KubeNft {
+        cmd.arg("run");
+    }
+    cmd.args(flags);
+    if c != Contender::KubeNft {
+        cmd.args(["--proxy-mode", c.name()]);
+    }
+    Ok(cmd)
+}
+
 /// A contender's process, stopped when dropped (also when a measurement fails).
 struct Running(Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        stop(&mut self.0);
+        super::stop_all(std::slice::from_mut(&mut self.0));
     }
-}
-
-fn stop(child: &mut Child) {
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid");
-    let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Removes every table (kube-proxy's, iptables-nft's, ours) and every flow, so
