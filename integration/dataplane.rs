@@ -336,3 +336,272 @@ fn a_flowtable_beside_ours_breaks_neither_readback_nor_sync() {
     use common::foreign_tables::{beside_ours, Writer};
     beside_ours("dfx", &[Writer::host()], true);
 }
+
+/// One UDP socket's exchanges with a Service: `n` datagrams, each answered
+/// (by the pod's name) before the next goes. One flow, as conntrack sees it.
+struct UdpFlow {
+    ns: String,
+    sock: std::net::UdpSocket,
+}
+
+impl UdpFlow {
+    fn open(ns: &str, target: &str) -> UdpFlow {
+        let target: std::net::SocketAddr = target.parse().unwrap();
+        let sock = kube_nft::testbed::netns::in_netns(ns, move || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.connect(target).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s
+        })
+        .unwrap();
+        UdpFlow {
+            ns: ns.to_string(),
+            sock,
+        }
+    }
+
+    /// The names that answered, in order; an unanswered datagram is an error.
+    fn exchange(&self, n: usize) -> Result<Vec<String>, String> {
+        let mut buf = [0u8; 64];
+        (0..n)
+            .map(|i| {
+                self.sock.send(b"x").map_err(|e| e.to_string())?;
+                let got = self
+                    .sock
+                    .recv(&mut buf)
+                    .map_err(|e| format!("datagram {i} of the flow from {}: {e}", self.ns))?;
+                Ok(String::from_utf8_lossy(&buf[..got]).into_owned())
+            })
+            .collect()
+    }
+
+    fn port(&self) -> u16 {
+        self.sock.local_addr().unwrap().port()
+    }
+}
+
+/// The conntrack entry of a client port's UDP flow to a VIP, as listed.
+fn udp_entry(node: &str, vip: &str, sport: u16) -> String {
+    exec_in(node, &["conntrack", "-L", "-p", "udp", "--orig-dst", vip])
+        .lines()
+        .find(|l| l.contains(&format!("sport={sport} ")))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The fast path (`kube-nft.io/traffic-hint: LongLived`), with packets: an
+/// annotated Service's flow is offloaded after a few packets each way and goes
+/// on answering, another Service's is not; the fast path's table lists as
+/// `nft -f` of the same text does; an interface that comes and goes joins and
+/// leaves the flowtable; an endpoint removed moves its offloaded flow, as
+/// without the fast path; a restart rewrites nothing and the flow goes on;
+/// and the table goes with the last annotated Service, the flow still
+/// answering.
+#[test]
+#[ignore = "needs a kernel with flowtables (the host's has none): integration/vm/run.sh runs it"]
+fn long_lived_services_take_the_fast_path() {
+    use kube_nft::node::fast_path;
+    let c = Cluster::new("fastp", &PODS, &[9376]);
+    let manifests = |bulk: &[&str], annotated: bool| {
+        let hint = if annotated {
+            ", annotations: {kube-nft.io/traffic-hint: LongLived}"
+        } else {
+            ""
+        };
+        service("bulk", &["10.96.0.30"], &[udp(53, 9376)]).replace(
+            "{name: bulk, namespace: default}",
+            &format!("{{name: bulk, namespace: default{hint}}}"),
+        ) + &slice("bulk", "a", &[udp(53, 9376)], bulk)
+            + &service("plain", &["10.96.0.31"], &[udp(53, 9376)])
+            + &slice("plain", "a", &[udp(53, 9376)], &V4)
+    };
+    let path = c.scratch.write("fast.yaml", &manifests(&V4, true));
+    let mut d = Daemon::start(c.node(), &path, c.scratch.0.join("log"), &[]);
+    let table = || {
+        Command::new("ip")
+            .args(["netns", "exec", c.node(), "nft", "list", "table", "ip"])
+            .arg(fast_path::TABLE)
+            .output()
+            .unwrap()
+    };
+    wait_until(Duration::from_secs(20), "the fast path's table", || {
+        d.assert_running();
+        table().status.success()
+    });
+    let links = || -> Vec<String> {
+        let mut l: Vec<String> = exec_in(c.node(), &["ip", "-o", "link", "show"])
+            .lines()
+            .filter(|l| !l.contains("LOOPBACK"))
+            .map(|l| {
+                l.split(": ")
+                    .nth(1)
+                    .unwrap()
+                    .split('@')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        l.sort();
+        l
+    };
+    let listed = || String::from_utf8(table().stdout).unwrap();
+    assert_eq!(
+        listed(),
+        fast_path::listing(kube_nft::core::net::Family::Ip, &links())
+    );
+
+    // `nft -f` of the same text, in a namespace with interfaces of the same names.
+    let oracle = kube_nft::testbed::netns::Netns::create(&format!("{}-oracle", c.node())).unwrap();
+    for l in links() {
+        exec_in(&oracle.name, &["ip", "link", "add", &l, "type", "dummy"]);
+    }
+    let text = c.scratch.write(
+        "fast.nft",
+        &fast_path::listing(kube_nft::core::net::Family::Ip, &links()),
+    );
+    exec_in(&oracle.name, &["nft", "-f", text.to_str().unwrap()]);
+    assert_eq!(
+        exec_in(
+            &oracle.name,
+            &["nft", "list", "table", "ip", fast_path::TABLE]
+        ),
+        listed()
+    );
+
+    // Offloaded after more than two packets each way; the other Service's not.
+    let bulk = UdpFlow::open(c.client(), "10.96.0.30:53");
+    let plain = UdpFlow::open(c.client(), "10.96.0.31:53");
+    let first = bulk.exchange(5).unwrap();
+    plain.exchange(5).unwrap();
+    assert!(
+        udp_entry(c.node(), "10.96.0.30", bulk.port()).contains("[OFFLOAD]"),
+        "not offloaded: {}",
+        udp_entry(c.node(), "10.96.0.30", bulk.port())
+    );
+    assert!(!udp_entry(c.node(), "10.96.0.31", plain.port()).contains("[OFFLOAD]"));
+    let later = bulk.exchange(20).unwrap();
+    assert!(
+        later.iter().all(|p| *p == first[0]),
+        "an offloaded flow left its pod: {first:?} {later:?}"
+    );
+
+    // An interface that comes joins the flowtable, and leaves it when it goes.
+    exec_in(c.node(), &["ip", "link", "add", "fp-new", "type", "dummy"]);
+    wait_until(
+        Duration::from_secs(10),
+        "the new interface in the flowtable",
+        || listed().contains("fp-new"),
+    );
+    exec_in(c.node(), &["ip", "link", "del", "fp-new"]);
+    wait_until(
+        Duration::from_secs(10),
+        "the interface out of the flowtable",
+        || !listed().contains("fp-new"),
+    );
+
+    // Its endpoint removed, the flow moves to another pod, as without the
+    // fast path: the stale-flow cleanup deletes its conntrack entry, and the
+    // flowtable lets go of a flow whose entry is gone.
+    let gone = first[0].clone();
+    let rest: Vec<&str> = PODS
+        .iter()
+        .filter(|(n, _)| **n != gone)
+        .map(|(_, a)| a[0])
+        .collect();
+    std::fs::write(&path, manifests(&rest, true)).unwrap();
+    let moved = wait_until(Duration::from_secs(15), "the flow to move", || {
+        bulk.exchange(1).is_ok_and(|p| p[0] != gone)
+    });
+    println!("the offloaded flow moved {moved:?} after its endpoint was removed");
+    let after = bulk.exchange(5).unwrap();
+    assert!(after.iter().all(|p| *p != gone), "{after:?}");
+
+    // A restart writes nothing, and the offloaded flow goes on.
+    wait_until(Duration::from_secs(10), "offloaded again", || {
+        bulk.exchange(1).is_ok()
+            && udp_entry(c.node(), "10.96.0.30", bulk.port()).contains("[OFFLOAD]")
+    });
+    let pod = bulk.exchange(1).unwrap()[0].clone();
+    d.terminate();
+    assert_eq!(bulk.exchange(5).unwrap(), vec![pod.clone(); 5]);
+    let d2 = Daemon::start(c.node(), &path, c.scratch.0.join("log2"), &[]);
+    wait_until(Duration::from_secs(20), "the restart's first sync", || {
+        d2.log_text().contains("synced")
+    });
+    assert_eq!(bulk.exchange(5).unwrap(), vec![pod.clone(); 5]);
+    assert!(
+        !d2.log_text().contains("created: true"),
+        "the restart wrote the fast path again:\n{}",
+        d2.log_text()
+    );
+
+    // Without the annotation the table goes; the flow takes the normal path.
+    std::fs::write(&path, manifests(&rest, false)).unwrap();
+    wait_until(
+        Duration::from_secs(15),
+        "the fast path's table to go",
+        || !table().status.success(),
+    );
+    assert_eq!(bulk.exchange(5).unwrap(), vec![pod; 5]);
+}
+
+/// Whether this kernel takes a flowtable, tried in a namespace of its own.
+fn kernel_has_flowtables() -> bool {
+    let ns = kube_nft::testbed::netns::Netns::create(&unique("ftprobe")).unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", &ns.name, "nft"])
+        .arg("add table ip t; add flowtable ip t f { hook ingress priority 0; }")
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// `--fast-path` against the kernel, whichever this one is: without
+/// flowtables, `all` stops the start with the reason and `long-lived` (the
+/// default) serves an annotated Service on the normal path, saying so; with
+/// them, both start and label the Service's flows. The guest runs the other
+/// branch.
+#[test]
+fn the_fast_path_asks_the_kernel_for_flowtables() {
+    let c = Cluster::new("fpk", &PODS, &[9376]);
+    let path = c.scratch.write(
+        "web.yaml",
+        &web(&V4).replace(
+            "{name: web, namespace: default}",
+            "{name: web, namespace: default, annotations: {kube-nft.io/traffic-hint: LongLived}}",
+        ),
+    );
+    let mut args = proxy_command("run", &path);
+    args.extend(["--once", "--fast-path", "all"]);
+    let all = kube_nft_in(c.node(), &args);
+    let stderr = String::from_utf8_lossy(&all.stderr).into_owned();
+    let has = kernel_has_flowtables();
+    if has {
+        assert!(all.status.success(), "{stderr}");
+    } else {
+        assert!(!all.status.success());
+        assert!(
+            stderr.contains("--fast-path all: this kernel has no flowtables"),
+            "{stderr}"
+        );
+        assert!(
+            !nft_list(c.node()).contains("kube-nft"),
+            "programmed anyway"
+        );
+    }
+    let out = sync_once(c.node(), &path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(!has, stderr.contains("keep the normal path"), "{stderr}");
+    assert_eq!(has, nft_list(c.node()).contains("ct label set 127"));
+    assert_eq!(
+        has,
+        nft_list(c.node()).contains("table ip kube-nft-fast-path")
+    );
+    assert_all_answer(
+        &tally(c.client(), "10.96.0.10:80", 30, false),
+        &["pod-a", "pod-b", "pod-c"],
+        30,
+    );
+}

@@ -465,6 +465,20 @@ fn parity_with_counters() {
     );
 }
 
+/// Every Service on the fast path: each dispatch element goes through a chain
+/// that labels the flow (`ct label set 127`) on its way to the pick.
+#[test]
+fn parity_with_the_fast_path_for_every_service() {
+    check_parity(
+        "pf",
+        NodeConfig {
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            fast_path: kube_nft::core::node_config::FastPath::All,
+            ..NodeConfig::default()
+        },
+    );
+}
+
 #[test]
 fn parity_with_masquerade_all() {
     check_parity(

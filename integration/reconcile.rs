@@ -186,6 +186,7 @@ fn config() -> NodeConfig {
         ],
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         masquerade_bit: 14,
+        fast_path: kube_nft::core::node_config::FastPath::LongLived,
         ..NodeConfig::default()
     }
 }
@@ -236,6 +237,13 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             p.update(&service_key(i), |s| {
                 let svc = s.service_mut(&service_key(i)).unwrap();
                 svc.conntrack_timeouts.tcp_established = tcp;
+            })
+        })
+    };
+    let long_lived = |i: usize, on: bool| -> Box<dyn Fn(&mut Proxy)> {
+        Box::new(move |p| {
+            p.update(&service_key(i), |s| {
+                s.service_mut(&service_key(i)).unwrap().long_lived = on;
             })
         })
     };
@@ -317,6 +325,15 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
             timeouts(3, Some(7200)),
         ),
         ("and off again", timeouts(3, None)),
+        (
+            "on the fast path (fast- chains that label its flows)",
+            long_lived(3, true),
+        ),
+        (
+            "with its own conntrack timeout too (one wraps the other)",
+            timeouts(3, Some(600)),
+        ),
+        ("off the fast path", long_lived(3, false)),
     ];
     for (what, step) in steps {
         step(p);

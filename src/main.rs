@@ -361,6 +361,10 @@ struct ProxyArgs {
     /// Include the per-Service-port counters.
     #[arg(long)]
     counters: bool,
+    /// Whose established flows a flowtable offloads (long-lived: Services
+    /// annotated kube-nft.io/traffic-hint=LongLived; all; off).
+    #[arg(long, value_enum, default_value = "long-lived", value_name = "WHOSE")]
+    fast_path: kube_nft::core::node_config::FastPath,
     /// `ipvs`: the table the IPVS backend keeps beside IPVS.
     #[arg(long, visible_alias = "backend", value_enum, default_value_t)]
     proxy_mode: ModeName,
@@ -378,6 +382,7 @@ impl ProxyArgs {
             masquerade_all: self.masquerade_all,
             mode: self.proxy_mode.mode(),
             service_tables: None,
+            fast_path: self.fast_path,
         };
         config.validate().map_err(|e| e.to_string())?;
         Ok(config)
@@ -650,6 +655,7 @@ fn cleanup_kube_proxy() -> Result<bool, String> {
 fn cleanup() -> Result<bool, String> {
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
     kube_nft::nft::kernel::cleanup(&mut sock).map_err(|e| e.to_string())?;
+    kube_nft::node::fast_path::reconcile(&mut sock, false)?;
     kube_nft::ipvs::cleanup().map_err(|e| format!("cleaning up IPVS: {e}"))?;
     Ok(true)
 }

@@ -14,7 +14,7 @@
 pub use crate::core::duration::{go_duration, parse_duration};
 use crate::core::node_config::check_scheduler;
 use crate::core::node_config::{
-    IpvsSettings, IpvsTimeouts, ModeName, NodeConfig, NodePortAddresses, ProxyMode,
+    FastPath, IpvsSettings, IpvsTimeouts, ModeName, NodeConfig, NodePortAddresses, ProxyMode,
     DEFAULT_MASQUERADE_BIT,
 };
 use crate::source::kubernetes::Connection;
@@ -130,6 +130,11 @@ pub struct Flags {
     /// Count every Service port's packets and bytes (see `kube-nft top`).
     #[arg(long)]
     pub counters: bool,
+    /// Whose established flows a flowtable offloads: Services annotated
+    /// kube-nft.io/traffic-hint=LongLived, all, or none (off). Needs a kernel
+    /// with flowtables; without one, long-lived is off and all refuses to start.
+    #[arg(long, value_enum, default_value = "long-lived", value_name = "WHOSE")]
+    pub fast_path: FastPath,
 }
 
 /// kube-proxy's `--conntrack-*` flags (`conntrack_sysctls`); `None` where not
@@ -732,6 +737,7 @@ fn resolve_with_file(flags: &Flags, file: FileConfig) -> Result<Settings, String
         nodeport_addresses,
         local_addresses: Vec::new(),
         counters: flags.counters,
+        fast_path: flags.fast_path,
         masquerade_all: flags
             .masquerade_all
             .or(section.masquerade_all)

@@ -352,6 +352,7 @@ pub fn convert_service(
         ),
         udp: conntrack_timeout(&object, svc, CONNTRACK_UDP_TIMEOUT_ANNOTATION, skipped),
     };
+    let long_lived = traffic_hint(&object, svc, skipped);
     let mut svc = Service {
         key,
         cluster_ips: exact(cluster_ips),
@@ -365,6 +366,7 @@ pub fn convert_service(
         affinity_timeout,
         ipvs_scheduler,
         conntrack_timeouts,
+        long_lived,
     };
     // The external policy only means something where there is external traffic.
     svc.external_policy_local = external_local && svc.externally_accessible();
@@ -401,6 +403,25 @@ fn conntrack_timeout(
             None
         }
     }
+}
+
+/// `kube-nft.io/traffic-hint`: `LongLived` or nothing; another value is
+/// skipped (the Service keeps the normal path).
+fn traffic_hint(object: &str, svc: &core::Service, skipped: &mut Vec<Rejected>) -> bool {
+    let Some(value) = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TRAFFIC_HINT_ANNOTATION))
+    else {
+        return false;
+    };
+    if value == "LongLived" {
+        return true;
+    }
+    let field = format!("metadata.annotations[{TRAFFIC_HINT_ANNOTATION}]");
+    skipped.push(reject(object, field, format!("{value:?} is not LongLived")));
+    false
 }
 
 /// The vector without its spare room: a model holds 100k Services, whose
@@ -895,6 +916,33 @@ spec:
         let (t, said) = convert(WEB);
         assert_eq!(t, ConntrackTimeouts::default());
         assert!(said.is_empty());
+    }
+
+    #[test]
+    fn the_traffic_hint_takes_long_lived_and_skips_another_value_alone() {
+        let convert = |hint: Option<&str>| {
+            let yaml = match hint {
+                Some(h) => WEB.replace(
+                    "metadata: {name: web, namespace: default}",
+                    &format!("metadata: {{name: web, namespace: default, annotations: {{{TRAFFIC_HINT_ANNOTATION}: '{h}'}}}}"),
+                ),
+                None => WEB.to_string(),
+            };
+            let mut skipped = Vec::new();
+            let Ok(Converted::Valid(svc)) = convert_service(&service(&yaml), &mut skipped) else {
+                panic!("the Service is kept");
+            };
+            let said: Vec<String> = skipped.iter().map(|r| r.to_string()).collect();
+            (svc.long_lived, said)
+        };
+        assert_eq!(convert(Some("LongLived")), (true, vec![]));
+        assert_eq!(convert(None), (false, vec![]));
+        let (long_lived, said) = convert(Some("longlived"));
+        assert!(!long_lived);
+        assert_eq!(
+            said,
+            vec![format!("Service default/web: metadata.annotations[{TRAFFIC_HINT_ANNOTATION}]: \"longlived\" is not LongLived")]
+        );
     }
 
     #[test]

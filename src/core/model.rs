@@ -94,6 +94,9 @@ pub struct Service {
     /// Its flows' own conntrack timeouts (`kube-nft.io/conntrack-*-timeout`;
     /// nftables backend only).
     pub conntrack_timeouts: ConntrackTimeouts,
+    /// `kube-nft.io/traffic-hint: LongLived`: its established flows take the
+    /// flowtable fast path (nftables backend, on a kernel with flowtables).
+    pub long_lived: bool,
 }
 
 /// A Service's own conntrack timeouts, in seconds; `None` keeps the node's.
@@ -115,6 +118,11 @@ pub const CONNTRACK_UDP_TIMEOUT_ANNOTATION: &str = "kube-nft.io/conntrack-udp-ti
 /// The longest conntrack timeout a Service may set: the kernel keeps timeouts in
 /// jiffies of 32 bits, which at 1000 Hz overflow after 49 days.
 pub const MAX_CONNTRACK_TIMEOUT: u32 = 30 * 86400;
+
+/// Marks a Service whose flows are long-lived (`LongLived`, the one value), so
+/// that they are offloaded to the fast path; named after the traffic hint
+/// KEP-4963 proposed for the Service API, so that it can follow that field.
+pub const TRAFFIC_HINT_ANNOTATION: &str = "kube-nft.io/traffic-hint";
 
 /// Picks this Service's IPVS scheduler over `--ipvs-scheduler`.
 pub const IPVS_SCHEDULER_ANNOTATION: &str = "kube-nft.io/ipvs-scheduler";

@@ -53,6 +53,31 @@ pub struct NodeConfig {
     /// against the count the kernel has (`nft::service_tables`); `None`, what
     /// a cold start chooses for the state's size. Not a setting of the user's.
     pub service_tables: Option<u16>,
+    /// Whose established flows are offloaded to a flowtable.
+    pub fast_path: FastPath,
+}
+
+/// `--fast-path`: which Services' established flows the fast path (a
+/// flowtable) takes; `Off` too where the kernel has no flowtables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FastPath {
+    #[default]
+    Off,
+    /// Services annotated `kube-nft.io/traffic-hint: LongLived`.
+    LongLived,
+    /// Every Service.
+    All,
+}
+
+impl FastPath {
+    /// Whether this Service's flows are offloaded (nftables backend only).
+    pub fn offloads(self, svc: &crate::core::model::Service) -> bool {
+        match self {
+            FastPath::Off => false,
+            FastPath::LongLived => svc.long_lived,
+            FastPath::All => true,
+        }
+    }
 }
 
 /// `--proxy-mode`: nftables does everything; with IPVS, IPVS balances and the
@@ -255,6 +280,7 @@ impl Default for NodeConfig {
             masquerade_all: false,
             mode: ProxyMode::Nftables,
             service_tables: None,
+            fast_path: FastPath::Off,
         }
     }
 }

@@ -45,6 +45,9 @@ pub(crate) const GETGEN: u16 = 16;
 pub(crate) const NEWOBJ: u16 = 18;
 pub(crate) const GETOBJ: u16 = 19;
 pub(crate) const DELOBJ: u16 = 20;
+pub(crate) const NEWFLOWTABLE: u16 = 22;
+pub(crate) const GETFLOWTABLE: u16 = 23;
+pub(crate) const DELFLOWTABLE: u16 = 24;
 
 /// A NEWSETELEM's element list is one attribute, whose length is a u16.
 const MAX_ELEMENTS_BYTES: usize = 60_000;
@@ -151,7 +154,7 @@ impl Batch {
         self.messages += other.messages;
     }
 
-    fn message(
+    pub(crate) fn message(
         &mut self,
         kind: u16,
         flags: u16,
@@ -527,6 +530,8 @@ fn describe_message(m: &NlMsg) -> Option<String> {
             let (kind, name) = object()?;
             format!("delete {kind} {fam} {table} {name}")
         }
+        NEWFLOWTABLE => format!("add flowtable {fam} {table}"),
+        DELFLOWTABLE => format!("delete devices of flowtable {fam} {table}"),
         NEWSETELEM => {
             let (n, set) = elements()?;
             format!("add {n} element(s) of {fam} {table} {set}")

@@ -35,9 +35,25 @@ const FIB: &str = "fib";
 const DYNSET: &str = "dynset";
 const COUNTER: &str = "counter";
 const BYTEORDER: &str = "byteorder";
-const KNOWN: [&str; 16] = [
-    PAYLOAD, META, CMP, BITWISE, LOOKUP, IMMEDIATE, NUMGEN, NAT, MASQ, REJECT, CT, OBJREF, FIB,
-    DYNSET, COUNTER, BYTEORDER,
+const FLOW_OFFLOAD: &str = "flow_offload";
+const KNOWN: [&str; 17] = [
+    PAYLOAD,
+    META,
+    CMP,
+    BITWISE,
+    LOOKUP,
+    IMMEDIATE,
+    NUMGEN,
+    NAT,
+    MASQ,
+    REJECT,
+    CT,
+    OBJREF,
+    FIB,
+    DYNSET,
+    COUNTER,
+    BYTEORDER,
+    FLOW_OFFLOAD,
 ];
 
 // Each expression's attributes (enum nft_<expr>_attributes).
@@ -85,6 +101,8 @@ const NFTA_REJECT_ICMP_CODE: u16 = 2;
 const NFTA_CT_DREG: u16 = 1;
 const NFTA_CT_KEY: u16 = 2;
 const NFTA_CT_DIRECTION: u16 = 3;
+const NFTA_CT_SREG: u16 = 4;
+const NFTA_FLOW_TABLE_NAME: u16 = 1;
 const NFTA_OBJREF_IMM_TYPE: u16 = 1;
 const NFTA_OBJREF_IMM_NAME: u16 = 2;
 const NFTA_OBJREF_SET_SREG: u16 = 3;
@@ -147,6 +165,23 @@ pub enum MetaKey {
 pub enum CtKey {
     State = 0,
     Direction = 1,
+    /// The connection's 128 label bits (`ct label`).
+    Labels = 13,
+    /// Packets counted in one direction (`ct original packets`): 64 bits,
+    /// host endian; conntrack accounting counts them.
+    Packets = 14,
+}
+
+impl CtKey {
+    fn from_number(n: u32) -> Option<CtKey> {
+        Some(match n {
+            0 => CtKey::State,
+            1 => CtKey::Direction,
+            13 => CtKey::Labels,
+            14 => CtKey::Packets,
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +190,8 @@ pub enum CmpOp {
     Neq = 1,
     /// Less than, comparing the bytes as a big-endian number.
     Lt = 2,
+    /// Greater than, likewise.
+    Gt = 4,
 }
 
 /// nf_nat_range flags we use.
@@ -251,10 +288,21 @@ pub enum Expr {
         result: u32,
         flags: u32,
     },
-    /// A connection-tracking key of the packet's own flow loaded into a register.
+    /// A connection-tracking key of the packet's own flow loaded into a
+    /// register; of one direction of it (`IP_CT_DIR_*`) where one is given.
     Ct {
         dreg: u32,
         key: CtKey,
+        direction: Option<u8>,
+    },
+    /// Sets a connection-tracking key from a register (`ct label set`).
+    CtSet {
+        sreg: u32,
+        key: CtKey,
+    },
+    /// `flow add @name`: the connection goes into that flowtable.
+    FlowOffload {
+        flowtable: String,
     },
     /// The named object of that type (`NFT_OBJECT_*`): `ct timeout set "name"`.
     Objref {
@@ -369,7 +417,8 @@ impl Expr {
             Expr::Dnat { .. } => NAT,
             Expr::Masq { .. } => MASQ,
             Expr::Reject { .. } => REJECT,
-            Expr::Ct { .. } => CT,
+            Expr::Ct { .. } | Expr::CtSet { .. } => CT,
+            Expr::FlowOffload { .. } => FLOW_OFFLOAD,
             Expr::Objref { .. } | Expr::ObjrefMap { .. } => OBJREF,
             Expr::Fib { .. } => FIB,
             Expr::DynsetUpdate { .. } => DYNSET,
@@ -487,10 +536,22 @@ impl Expr {
                 w.put_u32(NFTA_REJECT_TYPE, *kind);
                 w.put(NFTA_REJECT_ICMP_CODE, &[*code]);
             }
-            Expr::Ct { dreg, key } => {
+            Expr::Ct {
+                dreg,
+                key,
+                direction,
+            } => {
                 w.put_u32(NFTA_CT_KEY, *key as u32);
                 w.put_u32(NFTA_CT_DREG, *dreg);
+                if let Some(d) = direction {
+                    w.put(NFTA_CT_DIRECTION, &[*d]);
+                }
             }
+            Expr::CtSet { sreg, key } => {
+                w.put_u32(NFTA_CT_KEY, *key as u32);
+                w.put_u32(NFTA_CT_SREG, *sreg);
+            }
+            Expr::FlowOffload { flowtable } => w.put_str(NFTA_FLOW_TABLE_NAME, flowtable),
             Expr::Objref { obj_type, name } => {
                 w.put_u32(NFTA_OBJREF_IMM_TYPE, *obj_type);
                 w.put_str(NFTA_OBJREF_IMM_NAME, name);
@@ -581,6 +642,7 @@ impl Expr {
                     0 => CmpOp::Eq,
                     1 => CmpOp::Neq,
                     2 => CmpOp::Lt,
+                    4 => CmpOp::Gt,
                     _ => return Ok(Expr::Other(name)),
                 },
                 data: value(f.req(ctx, NFTA_CMP_DATA)?)?,
@@ -670,13 +732,27 @@ impl Expr {
                 result: u(NFTA_FIB_RESULT)?,
                 flags: u(NFTA_FIB_FLAGS)?,
             },
-            CT if f.get(NFTA_CT_DREG).is_some() && f.get(NFTA_CT_DIRECTION).is_none() => Expr::Ct {
-                dreg: u(NFTA_CT_DREG)?,
-                key: match u(NFTA_CT_KEY)? {
-                    0 => CtKey::State,
-                    1 => CtKey::Direction,
-                    _ => return Ok(Expr::Other(name)),
-                },
+            CT => {
+                let Some(key) = CtKey::from_number(u(NFTA_CT_KEY)?) else {
+                    return Ok(Expr::Other(name));
+                };
+                match f.get(NFTA_CT_DREG) {
+                    Some(_) => Expr::Ct {
+                        dreg: u(NFTA_CT_DREG)?,
+                        key,
+                        direction: f
+                            .get(NFTA_CT_DIRECTION)
+                            .map(|p| Payload::new(ctx, NFTA_CT_DIRECTION, p).u8())
+                            .transpose()?,
+                    },
+                    None => Expr::CtSet {
+                        sreg: u(NFTA_CT_SREG)?,
+                        key,
+                    },
+                }
+            }
+            FLOW_OFFLOAD => Expr::FlowOffload {
+                flowtable: string(NFTA_FLOW_TABLE_NAME)?,
             },
             OBJREF if f.get(NFTA_OBJREF_SET_SREG).is_some() => Expr::ObjrefMap {
                 sreg: u(NFTA_OBJREF_SET_SREG)?,
@@ -845,10 +921,29 @@ mod tests {
         round_trip(Expr::Ct {
             dreg: 1,
             key: CtKey::State,
+            direction: None,
         });
         round_trip(Expr::Ct {
             dreg: 1,
             key: CtKey::Direction,
+            direction: None,
+        });
+        round_trip(Expr::Ct {
+            dreg: 1,
+            key: CtKey::Packets,
+            direction: Some(1),
+        });
+        round_trip(Expr::CtSet {
+            sreg: 1,
+            key: CtKey::Labels,
+        });
+        round_trip(Expr::Cmp {
+            sreg: 1,
+            op: CmpOp::Gt,
+            data: vec![0, 0, 0, 0, 0, 0, 0, 2],
+        });
+        round_trip(Expr::FlowOffload {
+            flowtable: "fast-path".into(),
         });
         round_trip(Expr::ObjrefMap {
             sreg: 1,

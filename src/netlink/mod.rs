@@ -10,6 +10,7 @@ pub mod attr;
 pub mod batch;
 pub mod conntrack;
 pub mod expr;
+pub mod flowtable;
 pub mod genl;
 pub mod ipset;
 pub mod ipvs;

@@ -294,7 +294,7 @@ impl NftSocket {
 
     /// A dump request whose answers are handed to `each` (the payload after
     /// the nfgenmsg) as they arrive, so a large table is never held whole.
-    fn dump_each(
+    pub(crate) fn dump_each(
         &mut self,
         kind: u16,
         family: Family,

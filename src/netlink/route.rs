@@ -142,6 +142,54 @@ pub fn link_index(name: &str) -> Result<Option<u32>, RouteError> {
     }
 }
 
+/// The interfaces of the current namespace: name and whether it is loopback.
+pub fn links() -> Result<Vec<(String, bool)>, RouteError> {
+    const IFF_LOOPBACK: u32 = 0x8;
+    let sock = socket()?;
+    let mut req = Vec::new();
+    let at = put_nlmsghdr(&mut req, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1);
+    req.extend_from_slice(&[0u8; IFINFOMSG_LEN]);
+    finish_msg(&mut req, at);
+    let mut rx = Vec::with_capacity(64 << 10);
+    let mut out = Vec::new();
+    exchange(&sock, &mut rx, &req, |msg| {
+        if msg.kind != RTM_NEWLINK || msg.payload.len() < IFINFOMSG_LEN {
+            return Ok::<(), RouteError>(());
+        }
+        let flags = u32::from_ne_bytes(msg.payload[8..12].try_into().expect("four bytes"));
+        for a in Attrs::new(&msg.payload[IFINFOMSG_LEN..]) {
+            let (k, p) = a?;
+            if k == IFLA_IFNAME {
+                let name = super::attr::Payload::new("link", k, p).string()?;
+                out.push((name, flags & IFF_LOOPBACK != 0));
+            }
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Calls `changed` whenever an interface of the current namespace is added,
+/// removed or changed, from a thread of its own, until it returns false.
+pub fn watch_links(mut changed: impl FnMut() -> bool + Send + 'static) -> Result<(), RouteError> {
+    const RTMGRP_LINK: u32 = 0x1;
+    let mut sock = Socket::new(NETLINK_ROUTE)?;
+    sock.bind(&netlink_sys::SocketAddr::new(0, RTMGRP_LINK))?;
+    std::thread::Builder::new()
+        .name("links".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                // An overrun (ENOBUFS) still means something changed.
+                let _ = sock.recv(&mut &mut buf[..], 0);
+                if !changed() {
+                    return;
+                }
+            }
+        })?;
+    Ok(())
+}
+
 /// Creates a dummy interface, left down: its addresses are local all the same.
 pub fn add_dummy(name: &str) -> Result<(), RouteError> {
     let mut attrs = AttrWriter::new();

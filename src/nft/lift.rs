@@ -192,6 +192,33 @@ fn lift_stmt(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
             (Stmt::CtDirection(d), 2)
         }
         [Fib { .. }, Cmp { .. }, ..] => (Stmt::FibSaddrLocal, 2),
+        [Immediate {
+            data: Data::Value(bits),
+            ..
+        }, CtSet {
+            key: CtKey::Labels, ..
+        }, ..] => (Stmt::CtLabelSet(label_bit(bits)?), 2),
+        [Ct {
+            key: CtKey::Labels, ..
+        }, Bitwise { mask, .. }, Cmp { .. }, ..] => (Stmt::CtLabelHas(label_bit(mask)?), 3),
+        [Ct {
+            key: CtKey::Packets,
+            direction: Some(d),
+            ..
+        }, Hton { .. }, Cmp {
+            op: CmpOp::Gt,
+            data,
+            ..
+        }, ..] => {
+            let direction = match d {
+                0 => Direction::Original,
+                1 => Direction::Reply,
+                _ => return None,
+            };
+            let count = u64::from_be_bytes(data.as_slice().try_into().ok()?);
+            (Stmt::CtPacketsAbove { direction, count }, 3)
+        }
+        [FlowOffload { flowtable }, ..] => (Stmt::FlowAdd(flowtable.clone()), 1),
         [Meta {
             key: MetaKey::Mark, ..
         }, Bitwise { mask, .. }, Cmp { .. }, ..] => (Stmt::MarkHas(u32_ne(mask)?), 3),
@@ -365,6 +392,17 @@ fn addr_match(field: Field, addr: &[u8], prefix: u32, op: CmpOp) -> Option<Stmt>
     })
 }
 
+/// The one label bit a 16-byte bitmap has set.
+fn label_bit(bits: &[u8]) -> Option<u8> {
+    let set: Vec<usize> = (0..bits.len() * 8)
+        .filter(|i| bits[i / 8] & (1 << (i % 8)) != 0)
+        .collect();
+    match set.as_slice() {
+        [bit] => u8::try_from(*bit).ok(),
+        _ => None,
+    }
+}
+
 fn u32_ne(bytes: &[u8]) -> Option<u32> {
     Some(u32::from_ne_bytes(bytes.try_into().ok()?))
 }
@@ -472,7 +510,7 @@ fn key_values(types: &[KeyType], mut bytes: &[u8], concatenated: bool) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::node_config::NodeConfig;
+    use crate::core::node_config::{FastPath, NodeConfig};
     use crate::nft::kernel::lowered;
 
     /// The lab's Service, its skeleton and (with `counters`) the counter maps.
@@ -485,7 +523,11 @@ mod tests {
 
     #[test]
     fn what_lower_writes_lifts_back_to_itself() {
-        for counters in [false, true] {
+        for (counters, fast_path) in [
+            (false, FastPath::Off),
+            (true, FastPath::Off),
+            (false, FastPath::All),
+        ] {
             let config = NodeConfig {
                 cluster_cidrs: vec![
                     "10.244.0.0/16".parse().unwrap(),
@@ -493,6 +535,7 @@ mod tests {
                 ],
                 service_cidrs: vec!["10.96.0.0/16".parse().unwrap()],
                 counters,
+                fast_path,
                 ..NodeConfig::default()
             };
             let ruleset = desired(&config);

@@ -13,8 +13,8 @@ use crate::netlink::expr::{
 };
 use crate::netlink::objects::*;
 use crate::ruleset::{
-    Chain, Direction, Element, Field, KeyType, KeyValue, MapData, NamedObject, ObjectDef, Rule,
-    Set, Stmt, Table, DYNAMIC_SET_SIZE,
+    Chain, Element, Field, KeyType, KeyValue, MapData, NamedObject, ObjectDef, Rule, Set, Stmt,
+    Table, DYNAMIC_SET_SIZE,
 };
 use std::net::IpAddr;
 
@@ -314,6 +314,16 @@ fn addr_bytes(a: &IpAddr) -> Vec<u8> {
     }
 }
 
+/// The size of a connection's labels (`NF_CT_LABELS_MAX_SIZE`).
+const LABEL_BYTES: u32 = 16;
+
+/// One label bit, as the kernel's bitmap of them holds it.
+pub(crate) fn label_bits(bit: u8) -> Vec<u8> {
+    let mut v = vec![0; LABEL_BYTES as usize];
+    v[(bit / 8) as usize] = 1 << (bit % 8);
+    v
+}
+
 fn mark_rewrite(mask: u32, xor: u32, out: &mut Vec<Expr>) {
     out.push(Expr::Meta {
         dreg: REG_1,
@@ -382,6 +392,7 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             out.push(Expr::Ct {
                 dreg: REG_1,
                 key: CtKey::State,
+                direction: None,
             });
             out.push(Expr::Bitwise {
                 sreg: REG_1,
@@ -396,12 +407,9 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             out.push(Expr::Ct {
                 dreg: REG_1,
                 key: CtKey::Direction,
+                direction: None,
             });
-            let code = match d {
-                Direction::Original => 0,
-                Direction::Reply => 1,
-            };
-            out.push(cmp(CmpOp::Eq, vec![code]));
+            out.push(cmp(CmpOp::Eq, vec![d.code()]));
         }
         Stmt::FibSaddrLocal => {
             const RTN_LOCAL: u32 = 2;
@@ -546,6 +554,49 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
         Stmt::CtTimeoutSet(name) => out.push(Expr::Objref {
             obj_type: OBJECT_CT_TIMEOUT,
             name: name.clone(),
+        }),
+        Stmt::CtLabelSet(bit) => {
+            out.push(Expr::Immediate {
+                dreg: REG_1,
+                data: Data::Value(label_bits(*bit)),
+            });
+            out.push(Expr::CtSet {
+                sreg: REG_1,
+                key: CtKey::Labels,
+            });
+        }
+        Stmt::CtLabelHas(bit) => {
+            out.push(Expr::Ct {
+                dreg: REG_1,
+                key: CtKey::Labels,
+                direction: None,
+            });
+            out.push(Expr::Bitwise {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: LABEL_BYTES,
+                mask: label_bits(*bit),
+                xor: vec![0; LABEL_BYTES as usize],
+            });
+            out.push(cmp(CmpOp::Neq, vec![0; LABEL_BYTES as usize]));
+        }
+        Stmt::CtPacketsAbove { direction, count } => {
+            out.push(Expr::Ct {
+                dreg: REG_1,
+                key: CtKey::Packets,
+                direction: Some(direction.code()),
+            });
+            // A host-endian counter, compared for order as big-endian bytes.
+            out.push(Expr::Hton {
+                sreg: REG_1,
+                dreg: REG_1,
+                len: 8,
+                size: 8,
+            });
+            out.push(cmp(CmpOp::Gt, count.to_be_bytes().to_vec()));
+        }
+        Stmt::FlowAdd(flowtable) => out.push(Expr::FlowOffload {
+            flowtable: flowtable.clone(),
         }),
         Stmt::Verdict(v) => out.push(Expr::Immediate {
             dreg: REG_VERDICT,

@@ -83,3 +83,8 @@ pub(super) fn chain_name(kind: &str, id: &str) -> String {
     }
     name
 }
+
+/// The conntrack label bit that marks a connection to a Service on the fast
+/// path (`ct label 127`): the highest of the 128, where tools that number
+/// their labels from 0 are least likely to reach.
+pub const FAST_PATH_LABEL: u8 = 127;

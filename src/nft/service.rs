@@ -559,6 +559,12 @@ pub(super) fn nftables_rules(
         if let Some(policy) = conntrack_policy(svc, p.port.protocol) {
             with_conntrack_timeouts(&mut out, svc, &p, policy, elements_before);
         }
+        if config.fast_path.offloads(svc) {
+            // Labelled on its first packet; the fast path's forward chain
+            // offloads labelled flows once they are under way.
+            let label = Stmt::CtLabelSet(crate::nft::names::FAST_PATH_LABEL);
+            wrap_dispatch(&mut out, &p, elements_before, "fast", label);
+        }
         p.count(&mut out, svc, config);
     }
     out.finish()
@@ -606,30 +612,9 @@ fn with_conntrack_timeouts(
             values.join("/")
         ),
     );
-    let mut chains: Vec<Chain> = Vec::new();
-    for (set, e) in &mut out.elements[from..] {
-        if *set != MAP_SERVICE_IPS && *set != MAP_SERVICE_NODEPORTS {
-            continue;
-        }
-        let Some(Mapped::Verdict(Verdict::Goto(target))) = &mut e.value else {
-            continue;
-        };
-        let name = chain_name("timeout", &format!("{}/{target}", p.port_id));
-        if !chains.iter().any(|c| c.name == name) {
-            chains.push(Chain {
-                name: name.clone(),
-                base: None,
-                comment: Some(clamp_comment(&p.label)),
-                rules: vec![Rule::new(vec![
-                    Stmt::CtTimeoutSet(object.clone()),
-                    Stmt::Verdict(Verdict::Goto(target.clone())),
-                ])],
-            });
-        }
-        *target = name;
-    }
+    let wrapped = wrap_dispatch(out, p, from, "timeout", Stmt::CtTimeoutSet(object.clone()));
     // Only while some chain sets it: a port without endpoints sets nothing.
-    if !chains.is_empty() && !out.objects.iter().any(|(_, o)| o.name == object) {
+    if wrapped && !out.objects.iter().any(|(_, o)| o.name == object) {
         out.objects.push((
             out.table,
             // Named after its Service: nft takes no comment on a timeout.
@@ -640,7 +625,38 @@ fn with_conntrack_timeouts(
             },
         ));
     }
+}
+
+/// Sends each of the port's dispatch elements (since `from` in
+/// `out.elements`) through a chain of its own (`kind-…`, one per target) that
+/// runs `first` and then goes where the element went. Returns whether any
+/// element was sent.
+fn wrap_dispatch(out: &mut ServiceRules, p: &PortIn, from: usize, kind: &str, first: Stmt) -> bool {
+    let mut chains: Vec<Chain> = Vec::new();
+    for (set, e) in &mut out.elements[from..] {
+        if *set != MAP_SERVICE_IPS && *set != MAP_SERVICE_NODEPORTS {
+            continue;
+        }
+        let Some(Mapped::Verdict(Verdict::Goto(target))) = &mut e.value else {
+            continue;
+        };
+        let name = chain_name(kind, &format!("{}/{target}", p.port_id));
+        if !chains.iter().any(|c| c.name == name) {
+            chains.push(Chain {
+                name: name.clone(),
+                base: None,
+                comment: Some(clamp_comment(&p.label)),
+                rules: vec![Rule::new(vec![
+                    first.clone(),
+                    Stmt::Verdict(Verdict::Goto(target.clone())),
+                ])],
+            });
+        }
+        *target = name;
+    }
+    let any = !chains.is_empty();
     out.chains.extend(chains);
+    any
 }
 
 /// A port whose entries pick in the shared chains: each entry's endpoints go

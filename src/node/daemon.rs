@@ -10,13 +10,14 @@
 
 use crate::config::{DetectLocal, Settings, Source};
 use crate::core::convert::{log_rejected, log_skipped_values};
-use crate::core::model::ClusterState;
+use crate::core::model::{ClusterState, TRAFFIC_HINT_ANNOTATION};
 use crate::core::net::Family;
-use crate::core::node_config::{NodeConfig, ProxyMode};
+use crate::core::node_config::{FastPath, NodeConfig, ProxyMode};
 use crate::engine::dataplane::{SyncKind, Verification};
 use crate::engine::{Engine, SyncReport};
 use crate::netlink::monitor::{Change, Monitor};
 use crate::netlink::route;
+use crate::node::fast_path;
 use crate::node::healthcheck::{self, HealthServers};
 use crate::node::metrics::Metrics;
 use crate::node::metrics_server::MetricsServer;
@@ -38,6 +39,8 @@ enum Event {
     ManifestsChanged,
     Api(Update),
     Drift(Change),
+    /// An interface came, went or changed (the fast path's devices).
+    Links,
     Terminate(&'static str),
 }
 
@@ -320,7 +323,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     crate::node::conntrack_sysctls::settle(&settings.conntrack)?;
     let mut engine = crate::assemble::engine(settings.node.clone()).map_err(|e| e.to_string())?;
     let mut store = ClusterStore::new(&settings.node_name);
-    let node_settings = NodeSettings {
+    let mut node_settings = NodeSettings {
         base: settings.node.clone(),
         detect_local: settings.detect_local,
         service_cidrs_from_api: settings.service_cidrs_from_api,
@@ -371,6 +374,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         watch_drift(tx.clone(), watching.clone());
         start_servers(&settings, flags, &health, &metrics);
     }
+    let links_tx = tx.clone();
     drop(tx);
     // Before the first sync: a kernel that cannot hold our rules stops the
     // start here, with what it lacks, rather than refusing every sync. While
@@ -379,11 +383,20 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     let mut sock = crate::netlink::NftSocket::open().map_err(|e| format!("nf_tables: {e}"))?;
     let probing = std::time::Instant::now();
     crate::node::kernel_probe::probe(&mut sock).map_err(|e| e.to_string())?;
-    drop(sock);
     tracing::info!(
         "this kernel takes every shape kube-nft writes (probed in {:.1} ms)",
         probing.elapsed().as_secs_f64() * 1000.0
     );
+    if !fast_path_possible(&mut sock, &mut node_settings)? {
+        node_settings.apply(&mut engine, &store, false);
+    }
+    let mut fast_path = FastPathState::default();
+    if !once && node_settings.base.fast_path != FastPath::Off {
+        let tx = links_tx.clone();
+        crate::netlink::route::watch_links(move || tx.send(Event::Links).is_ok())
+            .map_err(|e| format!("watching the interfaces: {e}"))?;
+    }
+    drop(links_tx);
 
     // Taken after the first sync (nothing is programmed before), and held for
     // the life of the process: the kernel deletes its tables when their socket
@@ -497,6 +510,8 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     let after_gap = rules_had_gap && r.kind == SyncKind::Full;
                     rules_had_gap &= !after_gap;
                     clean_flows(&mut flows, store.state(), &engine, &r, after_gap, &metrics);
+                    let wanted = fast_path::wanted(store.state(), engine.config());
+                    fast_path.look(&mut sock, wanted, r.kind == SyncKind::Full);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -559,6 +574,11 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 // the repair does not wait out the backoff.
                 retry_at = None;
             }
+            Event::Links => {
+                if let Some(wanted) = fast_path.wanted {
+                    fast_path.look(&mut sock, wanted, true);
+                }
+            }
             Event::Terminate(signal) => {
                 tracing::info!("{signal}: stopping; the rules stay in place and keep serving");
                 return Ok(());
@@ -568,6 +588,64 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
             health.queued();
             metrics.queued(SystemTime::now());
         }
+    }
+}
+
+/// Whether the fast path can be had: the kernel is asked for flowtables
+/// unless `--fast-path off`. Without them `long-lived` turns off (annotated
+/// Services keep the normal path) and `all` stops the start.
+fn fast_path_possible(
+    sock: &mut crate::netlink::NftSocket,
+    settings: &mut NodeSettings,
+) -> Result<bool, String> {
+    let asked = settings.base.fast_path;
+    if asked == FastPath::Off || settings.base.mode.is_ipvs() {
+        settings.base.fast_path = FastPath::Off;
+        return Ok(asked == FastPath::Off);
+    }
+    if fast_path::kernel_has_it(sock)? {
+        return Ok(true);
+    }
+    let why = "this kernel has no flowtables (CONFIG_NF_FLOW_TABLE, CONFIG_NFT_FLOW_OFFLOAD)";
+    if asked == FastPath::All {
+        return Err(format!("--fast-path all: {why}"));
+    }
+    tracing::warn!(
+        "{why}: Services annotated {TRAFFIC_HINT_ANNOTATION}=LongLived keep the normal path"
+    );
+    settings.base.fast_path = FastPath::Off;
+    Ok(false)
+}
+
+/// The fast path's tables as last looked at (`fast_path::reconcile`).
+#[derive(Default)]
+struct FastPathState {
+    /// Whether they were wanted at the last look; `None` before one.
+    wanted: Option<bool>,
+    /// The last look failed: the next sync looks again.
+    failed: bool,
+}
+
+impl FastPathState {
+    /// Looks when `wanted` changed, after a failure, or when `again` (a full
+    /// sync, an interface that changed); a failure is logged and retried.
+    fn look(&mut self, sock: &mut crate::netlink::NftSocket, wanted: bool, again: bool) {
+        if !again && !self.failed && self.wanted == Some(wanted) {
+            return;
+        }
+        match fast_path::reconcile(sock, wanted) {
+            Ok(done) => {
+                if done != fast_path::Reconciled::default() {
+                    tracing::info!(?done, wanted, "the fast path");
+                }
+                self.failed = false;
+            }
+            Err(e) => {
+                tracing::warn!("{e}; looked at again after the next sync");
+                self.failed = true;
+            }
+        }
+        self.wanted = Some(wanted);
     }
 }
 

@@ -329,7 +329,9 @@ mod tests {
     }
 
     /// Every statement the translation writes. `Counter` is not among them:
-    /// it is only lifted (an anonymous counter in a rule someone added).
+    /// it is only lifted (an anonymous counter in a rule someone added); nor
+    /// are the fast path's, which `fast_path::kernel_has_it` probes apart,
+    /// as a kernel without them serves all the same.
     const STMT_KINDS: [&str; 21] = [
         "AddrMatch",
         "L4Proto",
@@ -379,6 +381,10 @@ mod tests {
             Stmt::Counter => "Counter",
             Stmt::CounterByMap { .. } => "CounterByMap",
             Stmt::CtTimeoutSet(_) => "CtTimeoutSet",
+            Stmt::CtLabelSet(_) => "CtLabelSet",
+            Stmt::CtLabelHas(_) => "CtLabelHas",
+            Stmt::CtPacketsAbove { .. } => "CtPacketsAbove",
+            Stmt::FlowAdd(_) => "FlowAdd",
             Stmt::Verdict(_) => "Verdict",
         }
     }

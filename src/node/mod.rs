@@ -12,6 +12,7 @@
 
 pub mod conntrack_sysctls;
 pub mod daemon;
+pub mod fast_path;
 pub mod healthcheck;
 pub mod http;
 pub mod kernel_probe;

@@ -457,6 +457,23 @@ pub enum Direction {
     Reply,
 }
 
+impl Direction {
+    /// `IP_CT_DIR_*`.
+    pub fn code(self) -> u8 {
+        match self {
+            Direction::Original => 0,
+            Direction::Reply => 1,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Original => "original",
+            Direction::Reply => "reply",
+        }
+    }
+}
+
 /// One statement of a rule; a rule is a sequence of them, matches first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stmt {
@@ -537,6 +554,19 @@ pub enum Stmt {
     /// `ct timeout set "NAME"`: the flow of an unconfirmed packet takes the
     /// timeouts of the `ct timeout` object NAME.
     CtTimeoutSet(String),
+    /// `ct label set N`: sets label bit N of the connection, leaving the others.
+    CtLabelSet(u8),
+    /// `ct label N`: the connection has label bit N.
+    CtLabelHas(u8),
+    /// `ct original packets > N`: more than N packets counted in that
+    /// direction (the kernel turns conntrack accounting on for this).
+    CtPacketsAbove {
+        direction: Direction,
+        count: u64,
+    },
+    /// `flow add @NAME`: the connection goes into the flowtable NAME, and its
+    /// later packets bypass the forward path.
+    FlowAdd(String),
     Verdict(Verdict),
 }
 

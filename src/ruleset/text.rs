@@ -93,6 +93,12 @@ pub fn stmt(family: Family, s: &Stmt) -> String {
             format!("counter name {} map @{map}", fields(family, fs))
         }
         Stmt::CtTimeoutSet(name) => format!("ct timeout set {}", quote(name)),
+        Stmt::CtLabelSet(bit) => format!("ct label set {bit}"),
+        Stmt::CtLabelHas(bit) => format!("ct label {bit}"),
+        Stmt::CtPacketsAbove { direction, count } => {
+            format!("ct {} packets > {count}", direction.name())
+        }
+        Stmt::FlowAdd(flowtable) => format!("flow add @{flowtable}"),
         Stmt::Verdict(v) => v.to_string(),
     }
 }

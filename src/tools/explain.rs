@@ -381,6 +381,14 @@ impl<'a> Walk<'a> {
                         format_args!("its flow takes the timeouts of {name}"),
                     );
                 }
+                Stmt::CtLabelSet(_) => {
+                    self.note(chain, rule, "its flow may take the fast path");
+                }
+                // A new connection has neither the label nor packets counted yet.
+                Stmt::CtLabelHas(_) | Stmt::CtPacketsAbove { .. } => {
+                    return Ok(Flow::Continue);
+                }
+                Stmt::FlowAdd(_) => {}
                 Stmt::MarkOr(m) => self.mark |= m,
                 Stmt::MarkXor(m) => self.mark ^= m,
                 Stmt::Dnat { addr, port } => {
