@@ -118,6 +118,27 @@ enum Command {
         #[arg(long, default_value = "kube-nft-bench-ipvs")]
         prefix: String,
     },
+    /// The fast path (kube-nft.io/traffic-hint: LongLived) against the normal
+    /// path for one Service's flows (needs a kernel with flowtables:
+    /// benches/fast_path.sh runs it in a guest).
+    BenchFastPath {
+        /// Cluster sizes for the shape's cold syncs, comma-separated
+        /// (10000,30000 checks the kernel's quadratic traps; none by default).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Cold syncs per size and mode.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Rounds of traffic (0: none; traffic needs a kernel with flowtables).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Seconds of traffic per measurement.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Prefix of the scratch namespaces.
+        #[arg(long, default_value = "kube-nft-bench-fp")]
+        prefix: String,
+    },
     /// A change made while the periodic verification runs, against the same
     /// change on a quiet proxy and behind a full sync, at several cluster
     /// sizes (a synthetic cluster, in a scratch namespace).
@@ -145,6 +166,10 @@ enum Command {
         counters: bool,
         #[arg(long, value_enum, default_value_t = ModeName::Nftables)]
         proxy_mode: ModeName,
+        /// Whose flows are labelled for the fast path (the Service tables'
+        /// share of it: the child writes no fast-path table).
+        #[arg(long, value_enum, default_value = "off")]
+        fast_path: kube_nft::core::node_config::FastPath,
     },
     /// A pod's workload: answer with NAME on TCP (HTTP) and UDP ports (used by the lab).
     #[command(hide = true)]
@@ -544,6 +569,23 @@ fn main() -> ExitCode {
             print!("{report}");
             true
         }),
+        Command::BenchFastPath {
+            sizes,
+            runs,
+            rounds,
+            seconds,
+            prefix,
+        } => kube_nft::bench::fast_path::run(&kube_nft::bench::fast_path::FastPathBenchOptions {
+            sizes,
+            runs,
+            rounds,
+            seconds,
+            prefix,
+        })
+        .map(|report| {
+            print!("{report}");
+            true
+        }),
         Command::BenchVerification {
             sizes,
             endpoints,
@@ -558,8 +600,11 @@ fn main() -> ExitCode {
             endpoints,
             counters,
             proxy_mode,
-        } => kube_nft::bench::child_sync(&netns, services, endpoints, counters, proxy_mode)
-            .map(|_| true),
+            fast_path,
+        } => kube_nft::bench::child_sync(
+            &netns, services, endpoints, counters, proxy_mode, fast_path,
+        )
+        .map(|_| true),
         Command::Serve { netns, name, ports } => {
             serve(netns.as_deref(), &name, &ports).map(|_| true)
         }

@@ -61,8 +61,8 @@ fn measure(opts: &IpvsBenchOptions, services: usize) -> Result<Row, String> {
     let (mut cold, mut restart) = (Vec::new(), Vec::new());
     for r in 0..runs {
         let ns = Netns::create(&tag("cold", r)).map_err(|e| e.to_string())?;
-        cold.push(run_child(&ns.name, services, all, ModeName::Ipvs)?);
-        restart.push(run_child(&ns.name, services, all, ModeName::Ipvs)?);
+        cold.push(run_child(&ns.name, services, all, ModeName::Ipvs, &[])?);
+        restart.push(run_child(&ns.name, services, all, ModeName::Ipvs, &[])?);
         if r == 0 {
             let (_, rules) = timed_in(&ns.name, &["ipvsadm", "-S", "-n"], None)?;
             let reals = rules.lines().filter(|l| l.starts_with("-a ")).count();

@@ -18,6 +18,7 @@ pub mod api_path;
 pub mod apiserver;
 pub mod dataplane;
 pub mod etcd_load;
+pub mod fast_path;
 pub mod ipvs;
 pub mod nodes;
 pub mod operator;
@@ -29,7 +30,7 @@ pub mod versus;
 pub mod versus_dataplane;
 
 use crate::core::model::{ClusterState, Endpoint, ServiceKey};
-use crate::core::node_config::{ModeName, NodeConfig};
+use crate::core::node_config::{FastPath, ModeName, NodeConfig};
 use crate::engine::Proxy;
 use crate::nft::translate::translate;
 use crate::testbed::netns::{in_netns, Netns};
@@ -120,10 +121,12 @@ pub fn child_sync(
     endpoints: usize,
     counters: bool,
     mode: ModeName,
+    fast_path: FastPath,
 ) -> Result<(), String> {
     crate::testbed::netns::enter(netns).map_err(|e| e.to_string())?;
     let config = NodeConfig {
         counters,
+        fast_path,
         ..node_config(mode)
     };
     let mut p = crate::assemble::proxy(config).map_err(|e| e.to_string())?;
@@ -163,6 +166,7 @@ fn run_child(
     services: usize,
     endpoints: usize,
     mode: ModeName,
+    extra: &[&str],
 ) -> Result<ChildSync, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let start = Instant::now();
@@ -180,6 +184,7 @@ fn run_child(
             "--proxy-mode",
             &mode.mode().name(),
         ])
+        .args(extra)
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
@@ -334,12 +339,14 @@ pub fn control_plane(
             services,
             endpoints,
             ModeName::Nftables,
+            &[],
         )?);
         restart.push(run_child(
             &ns.name,
             services,
             endpoints,
             ModeName::Nftables,
+            &[],
         )?);
     }
 

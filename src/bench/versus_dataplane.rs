@@ -170,6 +170,44 @@ impl Stage {
     }
 }
 
+impl Stage {
+    /// One long TCP flow to `target` from the client: its throughput in
+    /// Gbit/s, and the CPU time the whole machine spent meanwhile (client,
+    /// node and pods), in seconds, from /proc/stat.
+    pub fn flow_and_cpu(&self, target: SocketAddr, seconds: f64) -> Result<(f64, f64), String> {
+        drop(self.resident.borrow_mut().take());
+        let sink = EchoServer::sink(&self.pods.name)?;
+        flush_conntrack()?;
+        let before = busy_cpu_seconds()?;
+        let gbit = in_netns(&self.client.name, move || bulk(target, seconds, 1))
+            .map_err(|e| e.to_string());
+        let cpu = busy_cpu_seconds()? - before;
+        drop(sink);
+        *self.resident.borrow_mut() = Some(EchoServer::start(&self.pods.name)?);
+        Ok((gbit??, cpu))
+    }
+}
+
+/// CPU time spent so far by every CPU out of idle (/proc/stat's first line:
+/// all but idle and iowait), in seconds.
+fn busy_cpu_seconds() -> Result<f64, String> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| e.to_string())?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    if ticks.len() < 5 {
+        return Err(format!("/proc/stat: {stat:.80}"));
+    }
+    let idle = ticks[3] + ticks[4];
+    // USER_HZ is 100 on every Linux architecture kube-nft runs on.
+    Ok((ticks.iter().sum::<f64>() - idle) / 100.0)
+}
+
 /// A column of the table: its title, its figure, and whether higher is better.
 type Column = (&'static str, fn(&Traffic) -> f64, bool);
 

@@ -390,6 +390,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     if !fast_path_possible(&mut sock, &mut node_settings)? {
         node_settings.apply(&mut engine, &store, false);
     }
+    drop(sock);
     let mut fast_path = FastPathState::default();
     if !once && node_settings.base.fast_path != FastPath::Off {
         let tx = links_tx.clone();
@@ -511,7 +512,7 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                     rules_had_gap &= !after_gap;
                     clean_flows(&mut flows, store.state(), &engine, &r, after_gap, &metrics);
                     let wanted = fast_path::wanted(store.state(), engine.config());
-                    fast_path.look(&mut sock, wanted, r.kind == SyncKind::Full);
+                    fast_path.look(wanted, r.kind == SyncKind::Full);
                     retry_at = None;
                     backoff = Duration::from_secs(1);
                     if once {
@@ -575,8 +576,8 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 retry_at = None;
             }
             Event::Links => {
-                if let Some(wanted) = fast_path.wanted {
-                    fast_path.look(&mut sock, wanted, true);
+                if fast_path.wanted == Some(true) {
+                    fast_path.look(true, true);
                 }
             }
             Event::Terminate(signal) => {
@@ -629,11 +630,14 @@ struct FastPathState {
 impl FastPathState {
     /// Looks when `wanted` changed, after a failure, or when `again` (a full
     /// sync, an interface that changed); a failure is logged and retried.
-    fn look(&mut self, sock: &mut crate::netlink::NftSocket, wanted: bool, again: bool) {
+    fn look(&mut self, wanted: bool, again: bool) {
         if !again && !self.failed && self.wanted == Some(wanted) {
             return;
         }
-        match fast_path::reconcile(sock, wanted) {
+        let looked = crate::netlink::NftSocket::open()
+            .map_err(|e| format!("nf_tables: {e}"))
+            .and_then(|mut sock| fast_path::reconcile(&mut sock, wanted));
+        match looked {
             Ok(done) => {
                 if done != fast_path::Reconciled::default() {
                     tracing::info!(?done, wanted, "the fast path");

@@ -7,7 +7,8 @@
 //! - held: `nat_hold`, owned tables that keep the kernel's NAT of established
 //!   connections through a foreign `nft flush ruleset`;
 //! - set: `conntrack_sysctls` at start, `stale_flows` (UDP conntrack entries of
-//!   gone endpoints) after each sync, one `malloc_arena` for the process;
+//!   gone endpoints) after each sync, `fast_path` (the flowtable of long-lived
+//!   flows and its devices), one `malloc_arena` for the process;
 //! - removed: `kube_proxy_leftovers`, what kube-proxy leaves behind.
 
 pub mod conntrack_sysctls;
