@@ -394,9 +394,10 @@ fn udp_entry(node: &str, vip: &str, sport: u16) -> String {
 /// on answering, another Service's is not; the fast path's table lists as
 /// `nft -f` of the same text does; an interface that comes and goes joins and
 /// leaves the flowtable; an endpoint removed moves its offloaded flow, as
-/// without the fast path; a restart rewrites nothing and the flow goes on;
-/// and the table goes with the last annotated Service, the flow still
-/// answering.
+/// without the fast path; a restart rewrites nothing and the flow goes on; a
+/// forward rule added later that drops the pods' traffic stops new flows but
+/// not the offloaded one; and the table goes with the last annotated Service,
+/// the flow still answering.
 #[test]
 #[ignore = "needs a kernel with flowtables (the host's has none): integration/vm/run.sh runs it"]
 fn long_lived_services_take_the_fast_path() {
@@ -535,6 +536,19 @@ fn long_lived_services_take_the_fast_path() {
         "the restart wrote the fast path again:\n{}",
         d2.log_text()
     );
+
+    // A policy that checks every forwarded packet, added once the flow is
+    // offloaded (as a NetworkPolicy isolating the pods would be): new flows
+    // meet it, the offloaded one does not (docs/SERVICES.md says so).
+    nft_in(
+        c.node(),
+        "add table inet isolate; add chain inet isolate forward { type filter hook forward priority 0; ip daddr 10.244.0.0/16 drop; }",
+    );
+    assert_eq!(bulk.exchange(5).unwrap(), vec![pod.clone(); 5]);
+    assert!(UdpFlow::open(c.client(), "10.96.0.30:53")
+        .exchange(1)
+        .is_err());
+    nft_in(c.node(), "delete table inet isolate");
 
     // Without the annotation the table goes; the flow takes the normal path.
     std::fs::write(&path, manifests(&rest, false)).unwrap();

@@ -700,7 +700,7 @@ fn cleanup_kube_proxy() -> Result<bool, String> {
 fn cleanup() -> Result<bool, String> {
     let mut sock = NftSocket::open().map_err(|e| e.to_string())?;
     kube_nft::nft::kernel::cleanup(&mut sock).map_err(|e| e.to_string())?;
-    kube_nft::node::fast_path::reconcile(&mut sock, false)?;
+    kube_nft::node::fast_path::reconcile(&mut sock, [false; 2])?;
     kube_nft::ipvs::cleanup().map_err(|e| format!("cleaning up IPVS: {e}"))?;
     Ok(true)
 }

@@ -576,8 +576,8 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
                 retry_at = None;
             }
             Event::Links => {
-                if fast_path.wanted == Some(true) {
-                    fast_path.look(true, true);
+                if let Some(wanted) = fast_path.wanted.filter(|w| w.contains(&true)) {
+                    fast_path.look(wanted, true);
                 }
             }
             Event::Terminate(signal) => {
@@ -621,8 +621,8 @@ fn fast_path_possible(
 /// The fast path's tables as last looked at (`fast_path::reconcile`).
 #[derive(Default)]
 struct FastPathState {
-    /// Whether they were wanted at the last look; `None` before one.
-    wanted: Option<bool>,
+    /// Which families' were wanted at the last look; `None` before one.
+    wanted: Option<[bool; 2]>,
     /// The last look failed: the next sync looks again.
     failed: bool,
 }
@@ -630,7 +630,7 @@ struct FastPathState {
 impl FastPathState {
     /// Looks when `wanted` changed, after a failure, or when `again` (a full
     /// sync, an interface that changed); a failure is logged and retried.
-    fn look(&mut self, wanted: bool, again: bool) {
+    fn look(&mut self, wanted: [bool; 2], again: bool) {
         if !again && !self.failed && self.wanted == Some(wanted) {
             return;
         }
@@ -640,7 +640,7 @@ impl FastPathState {
         match looked {
             Ok(done) => {
                 if done != fast_path::Reconciled::default() {
-                    tracing::info!(?done, wanted, "the fast path");
+                    tracing::info!(?done, ?wanted, "the fast path");
                 }
                 self.failed = false;
             }

@@ -21,9 +21,10 @@
 //! }
 //! ```
 //!
-//! - **Only while used.** The table exists while some Service is on the fast
-//!   path, and goes with the last: its rule turns on conntrack accounting for
-//!   the namespace, and each device it lists pays a lookup per packet.
+//! - **Only while used.** A family's table exists while some Service with an
+//!   address of that family is on the fast path, and goes with the last: its
+//!   rule turns on conntrack accounting for the namespace, and each device it
+//!   lists pays a lookup per packet.
 //! - **After everyone else.** The forward chain runs after the forward chains
 //!   of other tables (a firewall, a NetworkPolicy enforcer at `filter`), so a
 //!   flow is offloaded from a packet that all of them let through.
@@ -59,13 +60,36 @@ pub const AFTER_PACKETS: u64 = 2;
 const COMMENT: &str =
     "kube-nft: the fast path of Services' long-lived flows (managed by kube-nft, do not edit)";
 
-/// Whether any Service of the state is on the fast path.
-pub fn wanted(state: &ClusterState, config: &NodeConfig) -> bool {
-    !config.mode.is_ipvs()
-        && state
-            .services
-            .values()
-            .any(|s| config.fast_path.offloads(s))
+/// Which families' tables are wanted: those of the addresses of the Services
+/// on the fast path (in `Family::ALL`'s order). A single-stack cluster pays
+/// for one flowtable, not two.
+pub fn wanted(state: &ClusterState, config: &NodeConfig) -> [bool; 2] {
+    let mut wanted = [false; 2];
+    if config.mode.is_ipvs() || config.fast_path == crate::core::node_config::FastPath::Off {
+        return wanted;
+    }
+    for svc in state
+        .services
+        .values()
+        .filter(|s| config.fast_path.offloads(s))
+    {
+        let addresses = svc
+            .cluster_ips
+            .iter()
+            .chain(&svc.external_ips)
+            .chain(&svc.load_balancer_ips);
+        for a in addresses {
+            let family = Family::of(a);
+            wanted[Family::ALL
+                .iter()
+                .position(|f| *f == family)
+                .expect("a family")] = true;
+        }
+        if wanted == [true; 2] {
+            break;
+        }
+    }
+    wanted
 }
 
 /// The forward chain's one rule.
@@ -116,12 +140,16 @@ pub struct Reconciled {
     pub devices_removed: usize,
 }
 
-/// Brings the fast-path tables to what `wanted` says: created with their
-/// devices, devices kept in step, or deleted.
-pub fn reconcile(sock: &mut NftSocket, wanted: bool) -> Result<Reconciled, String> {
+/// Brings the fast-path table of each family to what `wanted` says for it:
+/// created with its devices, devices kept in step, or deleted.
+pub fn reconcile(sock: &mut NftSocket, wanted: [bool; 2]) -> Result<Reconciled, String> {
     let mut done = Reconciled::default();
-    let devices = if wanted { devices()? } else { Vec::new() };
-    for family in Family::ALL {
+    let devices = if wanted.contains(&true) {
+        devices()?
+    } else {
+        Vec::new()
+    };
+    for (family, wanted) in Family::ALL.into_iter().zip(wanted) {
         reconcile_family(sock, family, wanted, &devices, &mut done)
             .map_err(|e| format!("the fast path ({} {TABLE}): {e}", family.keyword()))?;
     }
@@ -299,6 +327,45 @@ mod tests {
             let k = lower_rule(family, &offload_rule());
             assert_eq!(lift_rule(family, &k).unwrap(), offload_rule());
         }
+    }
+
+    #[test]
+    fn a_family_is_wanted_for_the_addresses_of_services_on_the_fast_path() {
+        use crate::core::model::{Service, ServiceKey};
+        use crate::core::node_config::{FastPath, ProxyMode};
+        let mut state = ClusterState::default();
+        let mut add = |name: &str, ips: &[&str], long_lived: bool| {
+            let key = ServiceKey {
+                namespace: "default".into(),
+                name: name.into(),
+            };
+            let svc = Service {
+                key: key.clone(),
+                cluster_ips: ips.iter().map(|a| a.parse().unwrap()).collect(),
+                long_lived,
+                ..Service::default()
+            };
+            state.services.insert(key, std::sync::Arc::new(svc));
+        };
+        add("dual", &["10.96.0.1", "fd00::1"], false);
+        add("v4", &["10.96.0.2"], true);
+        let config = |fast_path, mode| NodeConfig {
+            fast_path,
+            mode,
+            ..NodeConfig::default()
+        };
+        let nft = ProxyMode::Nftables;
+        assert_eq!(
+            wanted(&state, &config(FastPath::LongLived, nft.clone())),
+            [true, false]
+        );
+        assert_eq!(
+            wanted(&state, &config(FastPath::All, nft.clone())),
+            [true, true]
+        );
+        assert_eq!(wanted(&state, &config(FastPath::Off, nft)), [false, false]);
+        let ipvs = ProxyMode::Ipvs(Default::default());
+        assert_eq!(wanted(&state, &config(FastPath::All, ipvs)), [false, false]);
     }
 
     #[test]
