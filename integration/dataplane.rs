@@ -619,3 +619,66 @@ fn the_fast_path_asks_the_kernel_for_flowtables() {
         30,
     );
 }
+
+/// A long TCP connection through an annotated Service's ClusterIP: offloaded
+/// once established with data under way, and answering on after that.
+#[test]
+#[ignore = "needs a kernel with flowtables (the host's has none): integration/vm/run.sh runs it"]
+fn a_long_tcp_connection_takes_the_fast_path() {
+    use std::io::{Read, Write};
+    let c = Cluster::new("fptcp", &PODS, &[9376]);
+    // An echo server on 7000 in every pod, its socket bound in the pod.
+    for (name, _) in PODS {
+        let listener = kube_nft::testbed::netns::in_netns(&c.pod_ns(name), || {
+            std::net::TcpListener::bind("0.0.0.0:7000").unwrap()
+        })
+        .unwrap();
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = conn.read(&mut buf) {
+                        if n == 0 || conn.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    let manifests = service("stream", &["10.96.0.40"], &[tcp(7000, 7000)]).replace(
+        "{name: stream, namespace: default}",
+        "{name: stream, namespace: default, annotations: {kube-nft.io/traffic-hint: LongLived}}",
+    ) + &slice("stream", "a", &[tcp(7000, 7000)], &V4);
+    c.apply(&manifests);
+    let mut conn = kube_nft::testbed::netns::in_netns(c.client(), || {
+        std::net::TcpStream::connect_timeout(
+            &"10.96.0.40:7000".parse().unwrap(),
+            Duration::from_secs(3),
+        )
+    })
+    .unwrap()
+    .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let sport = conn.local_addr().unwrap().port();
+    let mut round_trips = |n: usize| {
+        for i in 0..n {
+            let sent = format!("message {i}");
+            conn.write_all(sent.as_bytes()).unwrap();
+            let mut buf = vec![0u8; sent.len()];
+            conn.read_exact(&mut buf).unwrap();
+            assert_eq!(buf, sent.as_bytes());
+        }
+    };
+    round_trips(10);
+    let entry = exec_in(
+        c.node(),
+        &["conntrack", "-L", "-p", "tcp", "--orig-dst", "10.96.0.40"],
+    )
+    .lines()
+    .find(|l| l.contains(&format!("sport={sport} ")))
+    .unwrap_or_default()
+    .to_string();
+    assert!(entry.contains("[OFFLOAD]"), "not offloaded: {entry}");
+    round_trips(50);
+}
