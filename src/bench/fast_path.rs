@@ -12,8 +12,8 @@
 //! It needs a kernel with flowtables: `benches/fast_path.sh` runs it in the
 //! 6.1 guest (qemu without KVM: read the ratios, not the figures).
 
-use super::median;
 use super::versus_dataplane::{pod_addresses, Stage, Traffic, NODE_PORT};
+use super::{median, nft};
 use crate::testbed::netns::{in_netns, Netns};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -58,40 +58,16 @@ struct Figures {
     forwarded_per_mb: f64,
 }
 
-/// Counts what the forward hook sees, first of every chain there.
-const COUNT_TABLE: &str = "table inet bench-forwarded {\n\tchain forward {\n\t\ttype filter hook forward priority -400; policy accept;\n\t\tcounter\n\t}\n}\n";
-
-fn nft(args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-    use std::io::Write as _;
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("nft: {e}"))?;
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(text.as_bytes())
-            .map_err(|e| e.to_string())?;
-    }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "nft {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+/// Counts what the forward hook sees, first of every chain there: `nft`'s
+/// commands, in one argument.
+const COUNT_TABLE: &str = "add table inet bench-forwarded; add chain inet bench-forwarded forward { type filter hook forward priority -400; policy accept; }; add rule inet bench-forwarded forward counter";
 
 /// The count table's packets, and the table deleted.
 fn forwarded_packets() -> Result<f64, String> {
-    let listed = nft(&["list", "table", "inet", "bench-forwarded"], None)?;
-    nft(&["delete", "table", "inet", "bench-forwarded"], None)?;
+    let listed =
+        String::from_utf8_lossy(&nft(None, &["list", "table", "inet", "bench-forwarded"])?)
+            .into_owned();
+    nft(None, &["delete", "table", "inet", "bench-forwarded"])?;
     listed
         .split_whitespace()
         .skip_while(|w| *w != "packets")
@@ -185,11 +161,8 @@ fn program(manifests: &std::path::Path, mode: &str) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let listed = Command::new("nft")
-        .args(["list", "tables"])
-        .output()
-        .map_err(|e| e.to_string())?;
-    let has = String::from_utf8_lossy(&listed.stdout).contains(crate::node::fast_path::TABLE);
+    let listed = nft(None, &["list", "tables"])?;
+    let has = String::from_utf8_lossy(&listed).contains(crate::node::fast_path::TABLE);
     if has != (mode != "off") {
         return Err(format!(
             "--fast-path {mode}: the fast path's table is {}there",
@@ -212,7 +185,7 @@ fn measure(opts: &FastPathBenchOptions) -> Result<String, String> {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for m in order {
             program(&path, MODES[m])?;
-            nft(&["-f", "-"], Some(COUNT_TABLE))?;
+            nft(None, &[COUNT_TABLE])?;
             let (gbit, cpu) = stage.flow_and_cpu(SocketAddr::new(vip, 80), opts.seconds)?;
             let forwarded = forwarded_packets()?;
             let traffic = stage.measure(vip, NODE_IP, opts.seconds)?;

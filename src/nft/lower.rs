@@ -324,6 +324,19 @@ pub(crate) fn label_bits(bit: u8) -> Vec<u8> {
     v
 }
 
+/// `load` into the first register, then only the bits of `mask` kept there:
+/// what a bit test compares.
+fn masked(load: Expr, mask: Vec<u8>, out: &mut Vec<Expr>) {
+    out.push(load);
+    out.push(Expr::Bitwise {
+        sreg: REG_1,
+        dreg: REG_1,
+        len: mask.len() as u32,
+        xor: vec![0; mask.len()],
+        mask,
+    });
+}
+
 fn mark_rewrite(mask: u32, xor: u32, out: &mut Vec<Expr>) {
     out.push(Expr::Meta {
         dreg: REG_1,
@@ -389,18 +402,12 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
         }
         Stmt::CtStateNew => {
             const CT_STATE_NEW: u32 = 8;
-            out.push(Expr::Ct {
+            let state = Expr::Ct {
                 dreg: REG_1,
                 key: CtKey::State,
                 direction: None,
-            });
-            out.push(Expr::Bitwise {
-                sreg: REG_1,
-                dreg: REG_1,
-                len: 4,
-                mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
-                xor: vec![0; 4],
-            });
+            };
+            masked(state, CT_STATE_NEW.to_ne_bytes().to_vec(), out);
             out.push(cmp(CmpOp::Neq, vec![0; 4]));
         }
         Stmt::CtDirection(d) => {
@@ -421,17 +428,11 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             out.push(cmp(CmpOp::Eq, RTN_LOCAL.to_ne_bytes().to_vec()));
         }
         Stmt::MarkHas(m) => {
-            out.push(Expr::Meta {
+            let mark = Expr::Meta {
                 dreg: REG_1,
                 key: MetaKey::Mark,
-            });
-            out.push(Expr::Bitwise {
-                sreg: REG_1,
-                dreg: REG_1,
-                len: 4,
-                mask: m.to_ne_bytes().to_vec(),
-                xor: vec![0; 4],
-            });
+            };
+            masked(mark, m.to_ne_bytes().to_vec(), out);
             out.push(cmp(CmpOp::Eq, m.to_ne_bytes().to_vec()));
         }
         Stmt::NumgenEq { modulus, value } => {
@@ -566,18 +567,12 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             });
         }
         Stmt::CtLabelHas(bit) => {
-            out.push(Expr::Ct {
+            let labels = Expr::Ct {
                 dreg: REG_1,
                 key: CtKey::Labels,
                 direction: None,
-            });
-            out.push(Expr::Bitwise {
-                sreg: REG_1,
-                dreg: REG_1,
-                len: LABEL_BYTES,
-                mask: label_bits(*bit),
-                xor: vec![0; LABEL_BYTES as usize],
-            });
+            };
+            masked(labels, label_bits(*bit), out);
             out.push(cmp(CmpOp::Neq, vec![0; LABEL_BYTES as usize]));
         }
         Stmt::CtPacketsAbove { direction, count } => {

@@ -387,7 +387,9 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
         "this kernel takes every shape kube-nft writes (probed in {:.1} ms)",
         probing.elapsed().as_secs_f64() * 1000.0
     );
-    if !fast_path_possible(&mut sock, &mut node_settings)? {
+    let asked = node_settings.base.fast_path;
+    settle_fast_path(&mut sock, &mut node_settings)?;
+    if node_settings.base.fast_path != asked {
         node_settings.apply(&mut engine, &store, false);
     }
     drop(sock);
@@ -592,20 +594,21 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     }
 }
 
-/// Whether the fast path can be had: the kernel is asked for flowtables
-/// unless `--fast-path off`. Without them `long-lived` turns off (annotated
-/// Services keep the normal path) and `all` stops the start.
-fn fast_path_possible(
+/// Turns the fast path off where it cannot be had: with the IPVS backend, or
+/// (the kernel is asked unless `--fast-path off`) without flowtables, where
+/// `long-lived` turns off (annotated Services keep the normal path) and
+/// `all` stops the start.
+fn settle_fast_path(
     sock: &mut crate::netlink::NftSocket,
     settings: &mut NodeSettings,
-) -> Result<bool, String> {
+) -> Result<(), String> {
     let asked = settings.base.fast_path;
     if asked == FastPath::Off || settings.base.mode.is_ipvs() {
         settings.base.fast_path = FastPath::Off;
-        return Ok(asked == FastPath::Off);
+        return Ok(());
     }
     if fast_path::kernel_has_it(sock)? {
-        return Ok(true);
+        return Ok(());
     }
     let why = "this kernel has no flowtables (CONFIG_NF_FLOW_TABLE, CONFIG_NFT_FLOW_OFFLOAD)";
     if asked == FastPath::All {
@@ -615,7 +618,7 @@ fn fast_path_possible(
         "{why}: Services annotated {TRAFFIC_HINT_ANNOTATION}=LongLived keep the normal path"
     );
     settings.base.fast_path = FastPath::Off;
-    Ok(false)
+    Ok(())
 }
 
 /// The fast path's tables as last looked at (`fast_path::reconcile`).

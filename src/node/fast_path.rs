@@ -167,8 +167,7 @@ fn reconcile_family(
     if !wanted {
         if exists {
             let mut b = Batch::new();
-            b.add_table(family, TABLE, None);
-            b.delete_table(family, TABLE);
+            delete_table(&mut b, family, TABLE);
             sock.commit(b)?;
             done.deleted = true;
         }
@@ -188,19 +187,7 @@ fn reconcile_family(
     if !whole {
         // Missing, or changed by hand: written again from nothing.
         let mut b = Batch::new();
-        b.add_table(family, TABLE, None);
-        b.delete_table(family, TABLE);
-        b.add_table(
-            family,
-            TABLE,
-            comment_udata(&Some(COMMENT.to_string())).as_deref(),
-        );
-        b.add_flowtable(family, TABLE, FLOWTABLE, FLOWTABLE_PRIORITY, &[]);
-        let chain = chain(family);
-        b.add_chain(family, TABLE, &chain);
-        for r in &chain.rules {
-            b.add_rule(family, TABLE, CHAIN, r);
-        }
+        write_table(&mut b, family, TABLE, Some(COMMENT));
         sock.commit(b)?;
         done.created = true;
     }
@@ -231,6 +218,25 @@ fn reconcile_family(
         done.devices_removed += remove.len();
     }
     Ok(())
+}
+
+/// Deletes the table `name` of `family` where it exists.
+fn delete_table(b: &mut Batch, family: Family, name: &str) {
+    b.add_table(family, name, None);
+    b.delete_table(family, name);
+}
+
+/// Writes the table `name` from nothing, its flowtable without devices.
+fn write_table(b: &mut Batch, family: Family, name: &str, comment: Option<&str>) {
+    delete_table(b, family, name);
+    let comment = comment_udata(&comment.map(str::to_string));
+    b.add_table(family, name, comment.as_deref());
+    b.add_flowtable(family, name, FLOWTABLE, FLOWTABLE_PRIORITY, &[]);
+    let chain = chain(family);
+    b.add_chain(family, name, &chain);
+    for r in &chain.rules {
+        b.add_rule(family, name, CHAIN, r);
+    }
 }
 
 /// Whether the forward chain holds exactly our rule.
@@ -269,15 +275,7 @@ pub fn kernel_has_it(sock: &mut NftSocket) -> Result<bool, String> {
     let name = format!("{}fast-path", crate::node::kernel_probe::PROBE_PREFIX);
     let family = Family::Ip;
     let mut b = Batch::new();
-    b.add_table(family, &name, None);
-    b.delete_table(family, &name);
-    b.add_table(family, &name, None);
-    b.add_flowtable(family, &name, FLOWTABLE, FLOWTABLE_PRIORITY, &[]);
-    let chain = chain(family);
-    b.add_chain(family, &name, &chain);
-    for r in &chain.rules {
-        b.add_rule(family, &name, CHAIN, r);
-    }
+    write_table(&mut b, family, &name, None);
     let label = KernelChain {
         name: "label".into(),
         base: None,
@@ -291,11 +289,12 @@ pub fn kernel_has_it(sock: &mut NftSocket) -> Result<bool, String> {
     b.add_rule(family, &name, &label.name, &label.rules[0]);
     let taken = match sock.commit(b) {
         Ok(_) => true,
+        // ENOENT (no flowtable type) or EOPNOTSUPP.
         Err(NftError::Refused { source, .. })
             if matches!(
                 source.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::Unsupported
-            ) || source.raw_os_error() == Some(95) =>
+            ) =>
         {
             false
         }
@@ -303,8 +302,7 @@ pub fn kernel_has_it(sock: &mut NftSocket) -> Result<bool, String> {
     };
     if taken {
         let mut b = Batch::new();
-        b.add_table(family, &name, None);
-        b.delete_table(family, &name);
+        delete_table(&mut b, family, &name);
         sock.commit(b)
             .map_err(|e| format!("deleting the flowtable probe: {e}"))?;
     }
