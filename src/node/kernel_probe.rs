@@ -230,18 +230,20 @@ pub fn probe(sock: &mut NftSocket) -> Result<(), Unsupported> {
             )))
         }
         Err(e) => Err(Unsupported(format!("probing the kernel: {e}"))),
-        Ok(_) => read_back(sock).and_then(|mut read| {
-            tables.iter().try_for_each(|want| {
-                match read.remove(&(want.family, want.name.clone())) {
-                    Some(got) if same_table(want, &got) => Ok(()),
-                    Some(got) => Err(needs(format!(
-                        "kept less than it was given: {}",
-                        first_difference(want, &got)
-                    ))),
-                    None => Err(needs(format!("lost table {} as it was written", want.name))),
+        Ok(_) => {
+            let mut read = 1;
+            loop {
+                match kept(sock, &tables) {
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                    Ok(Some(lost)) if read == READS => break Err(needs(lost)),
+                    Ok(Some(_)) => {
+                        read += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
                 }
-            })
-        }),
+            }
+        }
     };
     let mut cleanup = Batch::new();
     for t in &tables {
@@ -252,6 +254,29 @@ pub fn probe(sock: &mut NftSocket) -> Result<(), Unsupported> {
         tracing::warn!("deleting the kernel probe's tables ({PROBE_PREFIX}*): {e}");
     }
     outcome
+}
+
+/// How often the probe reads its tables back before it believes a difference.
+/// A hash set that grew in the commit is resized afterwards by a kernel
+/// worker, and an element dump that meets the resize walks the set again from
+/// its start (`rhashtable_walk_next`'s -EAGAIN) and may give elements twice.
+/// What a kernel does not keep is missing from every read.
+const READS: usize = 3;
+
+/// What the kernel holds otherwise than `tables`, said as `needs` says it;
+/// `None` if it kept all of them.
+fn kept(sock: &mut NftSocket, tables: &[KernelTable]) -> Result<Option<String>, Unsupported> {
+    let mut read = read_back(sock)?;
+    Ok(tables.iter().find_map(
+        |want| match read.remove(&(want.family, want.name.clone())) {
+            Some(got) if same_table(want, &got) => None,
+            Some(got) => Some(format!(
+                "kept less than it was given: {}",
+                first_difference(want, &got)
+            )),
+            None => Some(format!("lost table {} as it was written", want.name)),
+        },
+    ))
 }
 
 /// The probe's tables as the kernel holds them: one walk per family.
@@ -284,7 +309,19 @@ fn first_difference(want: &KernelTable, got: &KernelTable) -> String {
         ),
         Some(Difference::Set(s)) => format!("set {s} of {table}"),
         Some(Difference::SetComment(s)) => format!("the typeof and comment of set {s} of {table}"),
-        Some(Difference::SetContent(s)) => format!("the elements of set {s} of {table}"),
+        Some(Difference::SetContent(s)) => {
+            let count = |t: &KernelTable| {
+                t.sets
+                    .iter()
+                    .find(|x| x.name == s)
+                    .map_or(0, |x| x.elements.len())
+            };
+            format!(
+                "the elements of set {s} of {table} ({} given, {} read)",
+                count(want),
+                count(got)
+            )
+        }
         Some(Difference::Chain(c)) => format!("chain {c} of {table}"),
         Some(Difference::ChainComment(c)) => format!(
             "the comment of chain {c} of {table} (a chain's comment, NFTA_CHAIN_USERDATA, came in Linux 5.10)"
