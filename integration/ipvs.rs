@@ -12,7 +12,9 @@ mod common;
 
 use common::services::*;
 use common::*;
+use kube_nft::core::net::Protocol;
 use kube_nft::lab::topology::CLIENT_V4;
+use kube_nft::netlink::ipvs::{IpvsSocket, VirtualKey};
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
@@ -128,6 +130,21 @@ fn cluster_ip_over_ipvs_reaches_every_endpoint_over_tcp_and_udp() {
         &pods,
     );
     assert_only(&tally(c.node(), "10.96.5.30:80", 30, false), &pods);
+
+    // The one-service read (the IPVS bench's): the kernel's ESRCH is `None`.
+    let read = |port| {
+        let key = VirtualKey {
+            addr: "10.96.5.30".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port,
+        };
+        kube_nft::testbed::netns::in_netns(c.node(), move || {
+            IpvsSocket::open().unwrap().unwrap().service(&key).unwrap()
+        })
+        .unwrap()
+    };
+    assert_eq!(read(80).map(|s| s.scheduler), Some("rr".to_string()));
+    assert_eq!(read(81), None);
 }
 
 #[test]

@@ -297,7 +297,9 @@ struct VersusArgs {
     /// Endpoint changes, Service deletions and restarts per contender; medians are reported.
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// Which to run, comma-separated: kube-nft, nftables, iptables (kube-proxy's modes).
+    /// Which to run, comma-separated: kube-nft, nftables, iptables (kube-proxy's
+    /// modes), and where the kernel has IPVS, kube-nft-ipvs (kube-nft's IPVS
+    /// backend) and ipvs (kube-proxy's IPVS mode).
     #[arg(
         long,
         value_delimiter = ',',
@@ -794,8 +796,9 @@ fn bench_kube_proxy(args: &VersusArgs) -> Result<bool, String> {
         .contenders
         .iter()
         .map(|n| {
-            Contender::named(n)
-                .ok_or_else(|| format!("{n:?} is not kube-nft, nftables or iptables"))
+            Contender::named(n).ok_or_else(|| {
+                format!("{n:?} is not kube-nft, nftables, iptables, kube-nft-ipvs or ipvs")
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     if args.sizes.contains(&0) || args.runs == 0 {
@@ -831,9 +834,10 @@ fn bench_nodes(args: &NodesArgs) -> Result<bool, String> {
         .contenders
         .iter()
         .map(|n| {
-            // kube-proxy's iptables mode does not sync 10k Services in minutes here.
+            // kube-proxy's iptables mode does not sync 10k Services in minutes
+            // here, and the host's kernel has no IPVS.
             Contender::named(n)
-                .filter(|c| *c != Contender::KubeProxyIptables)
+                .filter(|c| matches!(c, Contender::KubeNft | Contender::KubeProxyNftables))
                 .ok_or_else(|| format!("{n:?} is not kube-nft or nftables"))
         })
         .collect::<Result<Vec<_>, _>>()?;

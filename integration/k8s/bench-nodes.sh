@@ -37,9 +37,7 @@ source "$dir/env"
 node_args=()
 for ((k = 1; k <= nodes; k++)); do
   ns=${prefix}-node-$k ip=10.100.0.$((10 + k))
-  ip netns add "$ns"
-  "$here/cluster.sh" join "$dir" "$ns" "$ip"
-  ip netns exec "$ns" ip route add default via 10.100.0.1
+  "$here/cluster.sh" bench-node "$dir" "$ns" "$ip"
   "$here/cluster.sh" node "$dir" "node-$k" "$ip" "10.128.$k.0/24"
   node_args+=(--node "$ns:node-$k:$ip")
 done

@@ -31,11 +31,7 @@ trap '"$here/cluster.sh" down "$dir"; rm -rf "$dir"' EXIT
 # shellcheck disable=SC1091
 source "$dir/env"
 node=${prefix}-node-a
-ip netns add "$node"
-"$here/cluster.sh" join "$dir" "$node" 10.100.0.11
-# Service addresses route off the node, as on a real one: before a proxy's rules
-# are in, a connection to a VIP leaves and is dropped upstream.
-ip netns exec "$node" ip route add default via 10.100.0.1
+"$here/cluster.sh" bench-node "$dir" "$node" 10.100.0.11
 "$here/cluster.sh" node "$dir" node-a 10.100.0.11 10.128.0.0/24
 echo "bench: kube-proxy $("$BIN/kube-proxy" --version | sed 's/^Kubernetes //'), kube-nft $("$kube_nft" --version 2>/dev/null || echo '?'), nft $(nft --version | awk '{print $2}'), $(iptables --version)" >&2
 ip netns exec "$node" "$kube_nft" bench-kube-proxy --kubeconfig "$KUBECONFIG" \

@@ -270,6 +270,16 @@ join() {
   ns_exec "$node" ip link set fabric0 up
 }
 
+# A new node namespace on the fabric, for the benches. Service addresses route
+# off the node, as on a real one: before a proxy's rules are in, a connection
+# to a VIP leaves and is dropped upstream.
+bench_node() {
+  local node=$1 ip=$2
+  ip netns add "$node"
+  join "$node" "$ip"
+  ns_exec "$node" ip route add default via "$cp_ip"
+}
+
 # Registers a Node as its kubelet would: its address, its pod CIDR, Ready. The
 # EndpointSlice controller skips pods on a node it does not know.
 register_node() {
@@ -352,6 +362,7 @@ up) up "${2:?usage: cluster.sh up DIR}" ;;
 down) down "${2:?usage: cluster.sh down DIR}" ;;
 smoke) smoke ;;
 join) with_env "$2"; join "$3" "$4" ;;                      # DIR NETNS IP
+bench-node) with_env "$2"; bench_node "$3" "$4" ;;          # DIR NETNS IP
 node) with_env "$2"; register_node "$3" "$4" "$5" ;;        # DIR NAME IP POD_CIDR
 pod-ready) with_env "$2"; pod_ready "$3" "$4" "$5" ;;       # DIR NAMESPACE POD IP
 kubectl) with_env "$2"; shift 2; kubectl "$@" ;;            # DIR ARGS… (stdin passes)

@@ -14,6 +14,16 @@ for m in veth dummy ip_vs nf_conntrack nf_nat nf_tables; do modprobe "$m" || ech
 ip link set lo up
 echo "guest: kernel $(uname -r), $(nproc) CPUs"
 
+# qemu's user network (KUBE_NFT_VM_KUBE_PROXY): its fixed addresses, the
+# host's side at 10.0.2.2 the way out.
+network_card() {
+  modprobe virtio_pci && modprobe virtio_net || echo "guest: no network card module"
+  ip link set eth0 up
+  ip addr add 10.0.2.15/24 dev eth0
+  ip route add default via 10.0.2.2
+  echo "guest: eth0 10.0.2.15/24, default via 10.0.2.2"
+}
+
 failed=0
 run_suite() {
   echo "guest: === $1 ==="

@@ -31,6 +31,15 @@ command=${KUBE_NFT_VM_COMMAND:-}
 binaries=()
 for s in "${suites[@]}"; do binaries+=("${s%%:*}"); done
 limit=${KUBE_NFT_VM_TIMEOUT:-900}
+# KUBE_NFT_VM_KUBE_PROXY=PATH with KUBE_NFT_VM_KUBECONFIG=PATH (benches/
+# ipvs_versus.sh): the guest joins a cluster. It gets a network card on qemu's
+# user network (whose way out is the namespace qemu runs in, there the API
+# server's), kube-proxy with the iptables commands its IPVS mode runs, and the
+# kubeconfig with the CA it names, each at its host path.
+kube_proxy=${KUBE_NFT_VM_KUBE_PROXY:-}
+kubeconfig=${KUBE_NFT_VM_KUBECONFIG:-}
+[ -z "$kube_proxy" ] || [ -f "$kubeconfig" ] || { echo "vm: KUBE_NFT_VM_KUBE_PROXY needs KUBE_NFT_VM_KUBECONFIG" >&2; exit 1; }
+memory=${KUBE_NFT_VM_MEMORY:-2048}
 
 work=$root_dir/target/vm
 mkdir -p "$work"
@@ -104,6 +113,17 @@ with_libs "$(command -v ip)" "$(command -v nft)" "$(command -v conntrack)" "$(co
 # ipset, and iptables-nft with the extensions it loads (libxt_set, …).
 with_libs "$(command -v ipset)" /usr/sbin/xtables-nft-multi
 for name in iptables-nft iptables-nft-restore iptables-nft-save; do ln -s xtables-nft-multi "$stage/usr/sbin/$name"; done
+if [ -n "$kube_proxy" ]; then
+  with_libs "$kube_proxy"
+  for name in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tables-restore; do
+    ln -s xtables-nft-multi "$stage/usr/sbin/$name"
+  done
+  ca=$(sed -n 's/.*certificate-authority: *"\{0,1\}\([^",}]*\).*/\1/p' "$kubeconfig")
+  for f in "$kubeconfig" $ca; do
+    mkdir -p "$stage$(dirname "$f")"
+    cp "$f" "$stage$f"
+  done
+fi
 xtables=$(dirname "$(dpkg -L iptables | grep -m1 '/xtables/libxt_set\.so$')")
 with_libs "$xtables"/*.so
 for s in "${binaries[@]}"; do with_libs "${exe[$s]}"; done
@@ -119,7 +139,9 @@ echo "root:x:0:0:root:/:/bin/sh" >"$stage/etc/passwd"
 # depmod indexes them so the kernel's on-demand loading (nft_chain_nat, …) works.
 mods=$kernel_dir/lib/modules/$kver
 mkdir -p "$stage/lib/modules/$kver"
-(cd "$mods" && find kernel/net kernel/lib kernel/crypto kernel/drivers/net/veth.ko kernel/drivers/net/dummy.ko \
+net_card=()
+[ -z "$kube_proxy" ] || net_card=(kernel/drivers/virtio kernel/drivers/net/virtio_net.ko kernel/drivers/net/net_failover.ko)
+(cd "$mods" && find kernel/net kernel/lib kernel/crypto kernel/drivers/net/veth.ko kernel/drivers/net/dummy.ko "${net_card[@]}" \
   -name '*.ko' | cpio -pdm --quiet "$stage/lib/modules/$kver")
 cp "$mods"/modules.builtin* "$stage/lib/modules/$kver/" 2>/dev/null || true
 busybox depmod -b "$stage" "$kver"
@@ -128,6 +150,7 @@ busybox depmod -b "$stage" "$kver"
   echo '#!/bin/busybox sh'
   echo 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/ RUST_BACKTRACE=1'
   cat "$root_dir/integration/vm/init.sh"
+  [ -z "$kube_proxy" ] || echo 'network_card'
   for s in "${suites[@]}"; do
     b=${s%%:*}
     f=${s#"$b"}
@@ -140,15 +163,18 @@ chmod +x "$stage/init"
 (cd "$stage" && find . | cpio -o -H newc --quiet) | gzip -1 >"$work/initrd.gz"
 
 # --- boot ---
+network=(-net none)
+[ -z "$kube_proxy" ] || network=(-netdev user,id=n0 -device virtio-net-pci,netdev=n0)
 log=$work/console.log
 echo "vm: booting $kver under qemu (TCG), suites: ${suites[*]}, time limit ${limit}s"
 status=0
+# Line by line (stdbuf), so that a long bench's progress shows as it comes.
 timeout --kill-after=10 "$limit" qemu-system-x86_64 \
-  -machine q35 -accel tcg,thread=multi -cpu max -smp 2 -m 2048 \
+  -machine q35 -accel tcg,thread=multi -cpu max -smp 2 -m "$memory" \
   -kernel "$vmlinuz" -initrd "$work/initrd.gz" \
   -append "console=ttyS0 quiet panic=-1 loglevel=4" \
-  -nographic -no-reboot -monitor none -serial stdio -net none </dev/null |
-  tr -d '\r' | tee "$log" | grep --line-buffered '^guest: ' || status=$?
+  -nographic -no-reboot -monitor none -serial stdio "${network[@]}" </dev/null |
+  stdbuf -oL tr -d '\r' | tee "$log" | grep --line-buffered '^guest: ' || status=$?
 # The harness failing counts as one failed test in test-all.sh's total.
 harness_failed() {
   echo "vm: FAILED: $1" >&2

@@ -70,15 +70,25 @@ pub(crate) fn nft(netns: Option<&str>, args: &[&str]) -> Result<Vec<u8>, String>
         }
         None => Command::new("nft"),
     };
+    command.args(args);
+    output_of(&mut command)
+}
+
+/// Runs a node tool: what it printed, or an error naming the command with
+/// what it said.
+pub(crate) fn output_of(command: &mut Command) -> Result<Vec<u8>, String> {
+    let named = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
     let out = command
-        .args(args)
         .output()
-        .map_err(|e| format!("running nft: {e}"))?;
+        .map_err(|e| format!("running {named}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "nft {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
+            "{named}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
     Ok(out.stdout)
@@ -93,6 +103,21 @@ pub(crate) fn flush_conntrack() -> Result<(), String> {
         .output()
         .map(|_| ())
         .map_err(|e| format!("conntrack: {e}"))
+}
+
+/// A scrape's samples: each line's metric name, its labels (inside the
+/// braces, empty without), and its value as written.
+pub(crate) fn samples(text: &str) -> impl Iterator<Item = (&str, &str, &str)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = match series.split_once('{') {
+                Some((metric, labels)) => (metric, labels.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            Some((metric, labels, value))
+        })
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {

@@ -28,7 +28,7 @@ use super::api_cluster::{
 pub use super::etcd_load::Etcd;
 use super::versus::proxy_command;
 pub use super::versus::Contender;
-use super::{median, nft, stop_all};
+use super::{median, nft, samples, stop_all};
 use crate::lab::hostname_server::http_get_path;
 use crate::node::metrics::peak_rss_kib_of;
 use crate::node::process_metrics::ProcessStats;
@@ -324,21 +324,6 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
         }
     }
     found
-}
-
-/// A scrape's samples: each line's metric name, its labels (inside the
-/// braces, empty without), and its value as written.
-fn samples(text: &str) -> impl Iterator<Item = (&str, &str, &str)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, labels) = match series.split_once('{') {
-                Some((metric, labels)) => (metric, labels.strip_suffix('}')?),
-                None => (series, ""),
-            };
-            Some((metric, labels, value))
-        })
 }
 
 /// Bytes received by each node.

@@ -18,6 +18,12 @@
 //! - restart → healthy: SIGTERM, a new process, then `/healthz` on :10256 polled
 //!   every 10 ms until it says 200;
 //! - peak RSS of the process (VmHWM), before its restarts.
+//!
+//! Where the kernel has IPVS (`benches/ipvs_versus.sh`, in a guest), kube-nft's
+//! IPVS backend and kube-proxy's IPVS mode run the same way, with two
+//! differences: a change reaches the kernel when IPVS no longer sends new
+//! connections to what went (read every 2 ms, IPVS having no transactions),
+//! and the changes wait for the end of the first sync, which is also a figure.
 
 use super::api_cluster::{
     addresses, client, create_namespaces, populate, proxy_flags, service_api, service_name,
@@ -27,6 +33,8 @@ pub use super::etcd_load::Etcd;
 use super::reach::reaches;
 use super::versus_dataplane;
 use super::{flush_conntrack, median, nft};
+use crate::core::net::Protocol;
+use crate::netlink::ipvs::{IpvsSocket, VirtualKey};
 use crate::netlink::monitor::Monitor;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::Client;
@@ -50,13 +58,19 @@ pub enum Contender {
     KubeNft,
     KubeProxyNftables,
     KubeProxyIptables,
+    /// kube-nft's IPVS backend, and kube-proxy's IPVS mode: only where the
+    /// kernel has IPVS (`benches/ipvs_versus.sh` runs them in a guest).
+    KubeNftIpvs,
+    KubeProxyIpvs,
 }
 
 impl Contender {
-    pub const ALL: [Contender; 3] = [
+    pub const ALL: [Contender; 5] = [
         Contender::KubeNft,
         Contender::KubeProxyNftables,
         Contender::KubeProxyIptables,
+        Contender::KubeNftIpvs,
+        Contender::KubeProxyIpvs,
     ];
 
     pub fn named(name: &str) -> Option<Contender> {
@@ -68,7 +82,25 @@ impl Contender {
             Contender::KubeNft => "kube-nft",
             Contender::KubeProxyNftables => "nftables",
             Contender::KubeProxyIptables => "iptables",
+            Contender::KubeNftIpvs => "kube-nft-ipvs",
+            Contender::KubeProxyIpvs => "ipvs",
         }
+    }
+
+    pub(crate) fn is_kube_nft(self) -> bool {
+        matches!(self, Contender::KubeNft | Contender::KubeNftIpvs)
+    }
+
+    /// Whether it programs IPVS, where a change is read from IPVS rather than
+    /// from nf_tables.
+    pub(crate) fn ipvs(self) -> bool {
+        matches!(self, Contender::KubeNftIpvs | Contender::KubeProxyIpvs)
+    }
+
+    /// Whether `nft` can read what it writes (iptables-nft's and IPVS's cannot
+    /// be loaded again with `nft -f`, nor measured as an nftables data plane).
+    fn nft_ruleset(self) -> bool {
+        matches!(self, Contender::KubeNft | Contender::KubeProxyNftables)
     }
 
     pub(crate) fn title(self) -> &'static str {
@@ -76,6 +108,8 @@ impl Contender {
             Contender::KubeNft => "kube-nft",
             Contender::KubeProxyNftables => "kube-proxy nftables",
             Contender::KubeProxyIptables => "kube-proxy iptables",
+            Contender::KubeNftIpvs => "kube-nft IPVS",
+            Contender::KubeProxyIpvs => "kube-proxy IPVS",
         }
     }
 }
@@ -113,6 +147,10 @@ pub struct DataplaneRuns {
 #[derive(Debug, Clone, Default)]
 pub struct Figures {
     pub start_to_traffic: f64,
+    /// For IPVS, which has no transactions, the start to the end of the first
+    /// sync: traffic flows through the first virtual services long before the
+    /// last is written.
+    pub start_to_synced: Option<f64>,
     pub endpoint_to_kernel: f64,
     pub delete_to_kernel: f64,
     pub restart_to_healthy: f64,
@@ -228,7 +266,7 @@ fn plot(all: &[(usize, Results)]) -> String {
             })
             .collect()
     };
-    let colors = ["#1f77b4", "#d62728", "#9467bd"];
+    let colors = ["#1f77b4", "#d62728", "#9467bd", "#2ca02c", "#8c564b"];
     let mut series: Vec<Series> = Contender::ALL
         .into_iter()
         .zip(colors)
@@ -272,9 +310,10 @@ pub(crate) fn proxy_command(
     netns: Option<&str>,
     flags: &[String],
 ) -> Result<Command, String> {
-    let program = match c {
-        Contender::KubeNft => std::env::current_exe().map_err(|e| e.to_string())?,
-        Contender::KubeProxyNftables | Contender::KubeProxyIptables => kube_proxy.to_path_buf(),
+    let program = if c.is_kube_nft() {
+        std::env::current_exe().map_err(|e| e.to_string())?
+    } else {
+        kube_proxy.to_path_buf()
     };
     let mut cmd = match netns {
         Some(ns) => {
@@ -284,12 +323,18 @@ pub(crate) fn proxy_command(
         }
         None => Command::new(program),
     };
-    if c == Contender::KubeNft {
+    if c.is_kube_nft() {
         cmd.arg("run");
     }
     cmd.args(flags);
-    if c != Contender::KubeNft {
-        cmd.args(["--proxy-mode", c.name()]);
+    match c {
+        Contender::KubeNft => {}
+        Contender::KubeNftIpvs => {
+            cmd.args(["--proxy-mode", "ipvs"]);
+        }
+        _ => {
+            cmd.args(["--proxy-mode", c.name()]);
+        }
     }
     Ok(cmd)
 }
@@ -304,9 +349,20 @@ impl Drop for Running {
 }
 
 /// Removes every table (kube-proxy's, iptables-nft's, ours) and every flow, so
-/// that each contender starts on a bare node.
+/// that each contender starts on a bare node; where the kernel has IPVS, also
+/// every virtual service, `kube-ipvs0` and kube-proxy's ipsets (which its
+/// iptables rules held, so they go after the tables).
 fn bare_node() -> Result<(), String> {
     nft(None, &["flush", "ruleset"])?;
+    if IpvsSocket::open().map_err(|e| e.to_string())?.is_some() {
+        let tool = |program: &str, args: &[&str]| {
+            super::output_of(Command::new(program).args(args)).map(|_| ())
+        };
+        tool("ipvsadm", &["-C"])?;
+        // Absent after a contender that never made it.
+        let _ = tool("ip", &["link", "del", "kube-ipvs0"]);
+        tool("ipset", &["destroy"])?;
+    }
     flush_conntrack()
 }
 
@@ -331,10 +387,16 @@ fn measure(
     let start_to_traffic = first_traffic(probe, started, opts.start_limit)
         .map_err(|e| format!("{}: {e}", c.title()))?;
     wait_healthy(healthz, Instant::now(), Duration::from_secs(120))?;
+    // A change made before the end of the first sync would wait behind it.
+    let start_to_synced = c
+        .ipvs()
+        .then(|| first_sync_done(started, opts.start_limit))
+        .transpose()
+        .map_err(|e| format!("{}: {e}", c.title()))?;
     // Its first sync may be followed by another; let it settle.
     std::thread::sleep(Duration::from_secs(3));
     let nft_f = match c {
-        Contender::KubeProxyIptables => None,
+        _ if !c.nft_ruleset() => None,
         _ if size > opts.nft_f_max => None,
         _ => Some(nft_f_of_this_ruleset(
             &opts.logs.join(format!("{tag}.nft")),
@@ -342,7 +404,7 @@ fn measure(
     };
     // The ruleset as it stands once synced, for the data plane's rounds.
     let ruleset = match c {
-        Contender::KubeProxyIptables => None,
+        _ if !c.nft_ruleset() => None,
         _ if opts.dataplane.is_none() => None,
         _ => Some(nft(None, &["list", "ruleset"])?),
     };
@@ -366,14 +428,16 @@ fn measure(
         let all = addresses(i, false, opts.node_ip);
         let (kept, gone) = all.split_at(all.len() - 1);
         let removed = to_kernel(
-            gone[0],
+            c,
+            Gone::Endpoint(vip(i), gone[0]),
             || read(runtime, slice_api(client, i), &slice_name(i)),
             || runtime.block_on(set_endpoints(client, i, kept)),
         );
         std::thread::sleep(SPACING);
         let j = first + opts.runs + r;
         let deleted = to_kernel(
-            vip(j),
+            c,
+            Gone::Service(vip(j)),
             || read(runtime, service_api(client, j), &service_name(j)),
             || {
                 runtime
@@ -438,6 +502,7 @@ fn measure(
     ))?;
     let figures = Figures {
         start_to_traffic,
+        start_to_synced,
         endpoint_to_kernel: median_of(endpoint),
         delete_to_kernel: median_of(delete),
         restart_to_healthy: median_of(restart),
@@ -549,6 +614,29 @@ fn wait_healthy(healthz: SocketAddr, since: Instant, limit: Duration) -> Result<
     Err(format!("{healthz} not healthy in {limit:?}"))
 }
 
+/// Seconds from `since` until the contender says that its first IPv4 sync has
+/// ended: `kubeproxy_sync_proxy_rules_last_timestamp_seconds` on the metrics
+/// address, which kube-proxy and kube-nft both serve, set at the end of each
+/// sync of a family.
+fn first_sync_done(since: Instant, limit: Duration) -> Result<f64, String> {
+    let metrics: SocketAddr = ([127, 0, 0, 1], 10249).into();
+    while since.elapsed() < limit {
+        let scraped =
+            crate::lab::hostname_server::http_get_path(metrics, "/metrics", Duration::from_secs(5))
+                .unwrap_or_default();
+        let synced = super::samples(&scraped).any(|(metric, labels, value)| {
+            metric == "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+                && (labels.is_empty() || labels.contains("ip_family=\"IPv4\""))
+                && value.parse::<f64>().is_ok_and(|v| v > 0.0)
+        });
+        if synced {
+            return Ok(since.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("its first sync had not ended after {limit:?}"))
+}
+
 /// The HTTP status of a GET (kube-proxy answers HTTP/1.0 with HTTP/1.0).
 fn status(addr: SocketAddr, path: &str) -> Option<u16> {
     use std::io::{Read, Write};
@@ -574,10 +662,15 @@ fn status(addr: SocketAddr, path: &str) -> Option<u16> {
 /// the bench's own reconnection, which a controller's open connection does not
 /// pay and which no proxy could shorten.
 fn to_kernel(
-    removed: IpAddr,
+    c: Contender,
+    gone: Gone,
     warm: impl FnOnce() -> Result<(), String>,
     change: impl FnOnce() -> Result<(), String>,
 ) -> Result<f64, String> {
+    if c.ipvs() {
+        return to_ipvs(gone, warm, change);
+    }
+    let removed = gone.address();
     if !reaches(&listing()?, removed) {
         return Err(format!(
             "{removed} is not in the ruleset before its removal"
@@ -606,6 +699,77 @@ fn to_kernel(
         Ok(None) => Err("the nf_tables monitor lost notifications".into()),
         Err(e) => Err(format!("the nf_tables monitor failed: {e}")),
     }
+}
+
+/// What a change takes away: an endpoint of the Service at a ClusterIP, or
+/// the Service itself.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    Endpoint(IpAddr, IpAddr),
+    Service(IpAddr),
+}
+
+impl Gone {
+    /// The address that the ruleset no longer reaches once it is gone.
+    fn address(self) -> IpAddr {
+        match self {
+            Gone::Endpoint(_, endpoint) => endpoint,
+            Gone::Service(vip) => vip,
+        }
+    }
+
+    fn key(self) -> VirtualKey {
+        let (Gone::Endpoint(vip, _) | Gone::Service(vip)) = self;
+        VirtualKey {
+            addr: vip,
+            protocol: Protocol::Tcp,
+            port: 80,
+        }
+    }
+
+    /// Whether IPVS still sends new connections to it: a real server at
+    /// weight 0 takes none (kube-proxy's IPVS mode and kube-nft's keep one
+    /// there while its connections last).
+    fn in_ipvs(self, sock: &mut IpvsSocket) -> Result<bool, String> {
+        let key = self.key();
+        let ipvs = |e: crate::netlink::ipvs::IpvsError| format!("IPVS: {e}");
+        match self {
+            Gone::Endpoint(_, e) => Ok(sock
+                .reals(&key)
+                .map_err(ipvs)?
+                .iter()
+                .any(|r| r.addr == e && r.weight > 0)),
+            Gone::Service(_) => Ok(sock.service(&key).map_err(ipvs)?.is_some()),
+        }
+    }
+}
+
+/// `to_kernel` for IPVS, which has no transactions to watch: its state is
+/// read every 2 ms (one virtual service's real servers), and the time is that
+/// of the first read without what went. Both IPVS contenders are timed so.
+fn to_ipvs(
+    gone: Gone,
+    warm: impl FnOnce() -> Result<(), String>,
+    change: impl FnOnce() -> Result<(), String>,
+) -> Result<f64, String> {
+    let mut sock = IpvsSocket::open()
+        .map_err(|e| format!("IPVS: {e}"))?
+        .ok_or("this kernel has no IPVS")?;
+    if !gone.in_ipvs(&mut sock)? {
+        return Err(format!("{gone:?} is not in IPVS before its removal"));
+    }
+    warm()?;
+    let t0 = Instant::now();
+    change()?;
+    while gone.in_ipvs(&mut sock)? {
+        if t0.elapsed() > CHANGE_LIMIT {
+            return Err(format!(
+                "{gone:?} was still in IPVS {CHANGE_LIMIT:?} after its removal"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    Ok(t0.elapsed().as_secs_f64())
 }
 
 /// Reads one object, to no end but the connection it leaves open.
@@ -640,14 +804,14 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         out,
         "\n{size} Services × {ENDPOINTS} endpoints, real kube-apiserver (medians of {runs}; start and RSS: one run)\n"
     );
+    // The ratios are to the first kube-nft of the run (its IPVS backend in an
+    // IPVS comparison).
     let ours = results
         .iter()
-        .find(|(c, _)| *c == Contender::KubeNft)
+        .find(|(c, _)| c.is_kube_nft())
         .and_then(|(_, f)| f.as_ref().ok());
-    let others: Vec<&(Contender, Result<Figures, String>)> = results
-        .iter()
-        .filter(|(c, _)| *c != Contender::KubeNft)
-        .collect();
+    let others: Vec<&(Contender, Result<Figures, String>)> =
+        results.iter().filter(|(c, _)| !c.is_kube_nft()).collect();
     let _ = write!(out, "| measure |");
     for (c, _) in results {
         let _ = write!(out, " {} |", c.title());
@@ -661,8 +825,13 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
     let columns = results.len() + if ours.is_some() { others.len() } else { 0 };
     let _ = writeln!(out, "|---|{}", "---|".repeat(columns));
     type Row = (&'static str, fn(&Figures) -> f64, &'static str);
-    let rows: [Row; 6] = [
+    let rows: [Row; 7] = [
         ("start → first traffic", |f| f.start_to_traffic, "s"),
+        (
+            "start → first sync ended (IPVS)",
+            |f| f.start_to_synced.unwrap_or(f64::NAN),
+            "s",
+        ),
         (
             "`nft -f` of the ruleset it wrote (a process)",
             |f| f.nft_f.unwrap_or(f64::NAN),
@@ -674,6 +843,12 @@ pub fn table(size: usize, runs: usize, results: &[(Contender, Result<Figures, St
         ("peak RSS", |f| f.peak_rss_mib, "MiB"),
     ];
     for (name, get, unit) in rows {
+        let measured =
+            |r: &(Contender, Result<Figures, String>)| r.1.as_ref().is_ok_and(|f| !get(f).is_nan());
+        // A row no contender has (the first sync's end, without IPVS) is left out.
+        if !results.iter().any(measured) {
+            continue;
+        }
         let _ = write!(out, "| {name} |");
         for (_, f) in results {
             match f {
@@ -727,6 +902,7 @@ mod tests {
     fn the_table_has_ratios_and_reports_a_contender_that_failed() {
         let ours = Figures {
             start_to_traffic: 1.5,
+            start_to_synced: None,
             endpoint_to_kernel: 0.0066,
             delete_to_kernel: 0.25,
             restart_to_healthy: 1.0,
@@ -736,6 +912,7 @@ mod tests {
         };
         let theirs = Figures {
             start_to_traffic: 15.0,
+            start_to_synced: None,
             endpoint_to_kernel: 4.4,
             delete_to_kernel: 0.5,
             restart_to_healthy: 0.5,
@@ -780,6 +957,39 @@ mod tests {
             "{t}"
         );
         assert!(t.ends_with("\nno answer in 600s\n"), "{t}");
+        // No contender has the IPVS row.
+        assert!(!t.contains("first sync ended"), "{t}");
+    }
+
+    #[test]
+    fn an_ipvs_table_compares_with_kube_nfts_ipvs_backend() {
+        let figures = |start, synced| Figures {
+            start_to_traffic: start,
+            start_to_synced: Some(synced),
+            endpoint_to_kernel: 0.01,
+            delete_to_kernel: 0.01,
+            restart_to_healthy: 1.0,
+            peak_rss_mib: 10.0,
+            nft_f: None,
+            notes: Vec::new(),
+        };
+        let t = table(
+            1000,
+            3,
+            &[
+                (Contender::KubeNftIpvs, Ok(figures(2.0, 2.5))),
+                (Contender::KubeProxyIpvs, Ok(figures(6.0, 25.0))),
+            ],
+        );
+        assert!(
+            t.contains("| measure | kube-nft IPVS | kube-proxy IPVS | ipvs ÷ kube-nft |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| start → first sync ended (IPVS) | 2.50 s | 25.00 s | 10× |"),
+            "{t}"
+        );
+        assert!(!t.contains("`nft -f`"), "{t}");
     }
 
     #[test]

@@ -64,6 +64,8 @@ const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
 const IP_VS_CONN_F_MASQ: u32 = 0;
 const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
+/// IPVS's answer to a request for a virtual service it does not have.
+const ESRCH: i32 = 3;
 
 /// What identifies a virtual service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -467,6 +469,29 @@ impl IpvsSocket {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// One virtual service, or `None` if the kernel has none with that key
+    /// (a dump of its real servers would be empty either way).
+    pub fn service(&mut self, key: &VirtualKey) -> Result<Option<VirtualService>, IpvsError> {
+        let mut out = None;
+        let body = |w: &mut AttrWriter| w.nest(IPVS_CMD_ATTR_SERVICE, |w| put_key(w, key));
+        let answered = self.send(IPVS_CMD_GET_SERVICE, NLM_F_ACK, body, |attrs| {
+            for a in Attrs::new(attrs) {
+                let (kind, p) = a?;
+                if kind == IPVS_CMD_ATTR_SERVICE {
+                    out = decode_service(p)?;
+                }
+            }
+            Ok(())
+        });
+        match answered {
+            Ok(()) => Ok(out),
+            Err(GenlError::Refused { source, .. }) if source.raw_os_error() == Some(ESRCH) => {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The real servers of one virtual service.
