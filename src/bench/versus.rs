@@ -97,6 +97,16 @@ impl Contender {
         matches!(self, Contender::KubeNftIpvs | Contender::KubeProxyIpvs)
     }
 
+    /// The `--proxy-mode` it runs with; kube-nft's default is nftables.
+    fn proxy_mode(self) -> Option<&'static str> {
+        match self {
+            Contender::KubeNft => None,
+            Contender::KubeProxyNftables => Some("nftables"),
+            Contender::KubeProxyIptables => Some("iptables"),
+            Contender::KubeNftIpvs | Contender::KubeProxyIpvs => Some("ipvs"),
+        }
+    }
+
     /// Whether `nft` can read what it writes (iptables-nft's and IPVS's cannot
     /// be loaded again with `nft -f`, nor measured as an nftables data plane).
     fn nft_ruleset(self) -> bool {
@@ -327,14 +337,8 @@ pub(crate) fn proxy_command(
         cmd.arg("run");
     }
     cmd.args(flags);
-    match c {
-        Contender::KubeNft => {}
-        Contender::KubeNftIpvs => {
-            cmd.args(["--proxy-mode", "ipvs"]);
-        }
-        _ => {
-            cmd.args(["--proxy-mode", c.name()]);
-        }
+    if let Some(mode) = c.proxy_mode() {
+        cmd.args(["--proxy-mode", mode]);
     }
     Ok(cmd)
 }
@@ -619,7 +623,9 @@ fn wait_healthy(healthz: SocketAddr, since: Instant, limit: Duration) -> Result<
 /// address, which kube-proxy and kube-nft both serve, set at the end of each
 /// sync of a family.
 fn first_sync_done(since: Instant, limit: Duration) -> Result<f64, String> {
-    let metrics: SocketAddr = ([127, 0, 0, 1], 10249).into();
+    let metrics: SocketAddr = crate::config::DEFAULT_METRICS_BIND_ADDRESS
+        .parse()
+        .expect("the default metrics address parses");
     while since.elapsed() < limit {
         let scraped =
             crate::lab::hostname_server::http_get_path(metrics, "/metrics", Duration::from_secs(5))

@@ -206,6 +206,14 @@ impl Batch {
         self.message(NEWTABLE, NLM_F_CREATE, family, |w| header.emit(w));
     }
 
+    /// nft's `destroy table`: deletes the table where it exists. An empty
+    /// table of that name is added first, so that the deletion cannot fail
+    /// (older kernels have no DESTROYTABLE).
+    pub fn destroy_table(&mut self, family: Family, name: &str) {
+        self.add_table(family, name, None);
+        self.delete_table(family, name);
+    }
+
     pub fn delete_table(&mut self, family: Family, name: &str) {
         let header = TableHeader {
             name: name.to_string(),
@@ -558,8 +566,7 @@ impl AttrWriter {
 /// old ruleset until the commit and the new one after it.
 pub fn replace_tables(b: &mut Batch, tables: &[KernelTable]) {
     for t in tables {
-        b.add_table(t.family, &t.name, None);
-        b.delete_table(t.family, &t.name);
+        b.destroy_table(t.family, &t.name);
         write_table(b, t);
     }
 }
@@ -597,8 +604,7 @@ pub fn write_flagged_table(b: &mut Batch, t: &KernelTable, flags: u32) {
 pub fn delete_tables(tables: impl IntoIterator<Item = TableId>) -> Batch {
     let mut b = Batch::new();
     for t in tables {
-        b.add_table(t.family, t.name(), None);
-        b.delete_table(t.family, t.name());
+        b.destroy_table(t.family, t.name());
     }
     b
 }

@@ -167,7 +167,7 @@ fn reconcile_family(
     if !wanted {
         if exists {
             let mut b = Batch::new();
-            delete_table(&mut b, family, TABLE);
+            b.destroy_table(family, TABLE);
             sock.commit(b)?;
             done.deleted = true;
         }
@@ -220,15 +220,9 @@ fn reconcile_family(
     Ok(())
 }
 
-/// Deletes the table `name` of `family` where it exists.
-fn delete_table(b: &mut Batch, family: Family, name: &str) {
-    b.add_table(family, name, None);
-    b.delete_table(family, name);
-}
-
 /// Writes the table `name` from nothing, its flowtable without devices.
 fn write_table(b: &mut Batch, family: Family, name: &str, comment: Option<&str>) {
-    delete_table(b, family, name);
+    b.destroy_table(family, name);
     let comment = comment_udata(&comment.map(str::to_string));
     b.add_table(family, name, comment.as_deref());
     b.add_flowtable(family, name, FLOWTABLE, FLOWTABLE_PRIORITY, &[]);
@@ -302,7 +296,7 @@ pub fn kernel_has_it(sock: &mut NftSocket) -> Result<bool, String> {
     };
     if taken {
         let mut b = Batch::new();
-        delete_table(&mut b, family, &name);
+        b.destroy_table(family, &name);
         sock.commit(b)
             .map_err(|e| format!("deleting the flowtable probe: {e}"))?;
     }

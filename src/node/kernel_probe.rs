@@ -207,8 +207,7 @@ pub fn probe(sock: &mut NftSocket) -> Result<(), Unsupported> {
     let mut batch = Batch::new();
     for t in &tables {
         // A probe that died before its cleanup left its tables: start afresh.
-        batch.add_table(t.family, &t.name, None);
-        batch.delete_table(t.family, &t.name);
+        batch.destroy_table(t.family, &t.name);
         write_table(&mut batch, t);
     }
     let written = sock.commit(batch);
@@ -247,8 +246,7 @@ pub fn probe(sock: &mut NftSocket) -> Result<(), Unsupported> {
     };
     let mut cleanup = Batch::new();
     for t in &tables {
-        cleanup.add_table(t.family, &t.name, None);
-        cleanup.delete_table(t.family, &t.name);
+        cleanup.destroy_table(t.family, &t.name);
     }
     if let Err(e) = sock.commit(cleanup) {
         tracing::warn!("deleting the kernel probe's tables ({PROBE_PREFIX}*): {e}");
