@@ -2,21 +2,25 @@
 # Kubernetes' own end-to-end tests of Services (e2e.test v1.36.3, built here),
 # against the Service proxy of a kind cluster that integration/kind/up.sh made:
 #
-#   integration/e2e/run.sh [--proxy P] [--all] [NAME]   # KUBECONFIG names the cluster
+#   integration/e2e/run.sh [--proxy P] [--all | --zones | --dual-stack] [NAME]   # KUBECONFIG names the cluster
 #
 # Without --all, the [Conformance] tests of the selection (the test command's);
-# with it, the whole selection (integration/e2e/selection.sh). One line per
+# with it, the whole selection (integration/e2e/selection.sh); with --zones,
+# the tests that need a cluster in three zones (up.sh --zones); with
+# --dual-stack, the dual-stack tests (up.sh --dual-stack). One line per
 # test that ran, "kind: ok: P: e2e: TEST (N s)" or "kind: FAILED: P: e2e: …",
 # and one per test that skipped itself; the JUnit report and the log stay in
 # $E2E_OUT (default $KUBE_NFT_CACHE/e2e-results/PROXY-TIME, printed). Ginkgo
 # runs $E2E_PROCS tests at once (default 4: they mostly wait).
 set -euo pipefail
 proxy=kube-nft
-all=0
+all=0 zones=0 dual=0
 while [ $# -gt 0 ]; do
   case $1 in
   --proxy) proxy=$2; shift 2 ;;
   --all) all=1; shift ;;
+  --zones) zones=1; shift ;;
+  --dual-stack) dual=1; shift ;;
   *) break ;;
   esac
 done
@@ -29,6 +33,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${KUBECONFIG:?names the kind cluster (integration/kind/test.sh sets it)}"
 focus=$E2E_CONFORMANCE_FOCUS
 [ "$all" = 0 ] || focus=$E2E_FOCUS
+[ "$zones" = 0 ] || focus=$E2E_ZONES_FOCUS
+skip=$E2E_SKIP
+[ "$dual" = 0 ] || { focus=$E2E_DUAL_FOCUS; skip=$E2E_DUAL_SKIP; }
 out=${E2E_OUT:-${KUBE_NFT_CACHE:-/var/cache/kube-nft}/e2e-results/$proxy-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 bin=$(bash "$here/build.sh")
@@ -45,12 +52,18 @@ if ! loaded=$("$(kind_bin)" load docker-image --name "$name" "$agnhost" 2>&1); t
   fail "$proxy: e2e: loading $agnhost into $name"
 fi
 
-log "$proxy: e2e: running $( [ "$all" = 1 ] && echo "the whole selection" || echo "its [Conformance] tests"), ${E2E_PROCS:-4} at a time; report in $out"
+what="its [Conformance] tests"
+[ "$all" = 0 ] || what="the whole selection"
+[ "$zones" = 0 ] || what="the tests that need zones"
+[ "$dual" = 0 ] || what="the dual-stack tests"
+log "$proxy: e2e: running $what, ${E2E_PROCS:-4} at a time; report in $out"
+# The nodes that take pods: the suite is told how many.
+schedulable=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].effect}{"\n"}{end}' | grep -vc NoSchedule)
 started=$(date +%s)
 status=0
 PATH=$k8s_bin:$PATH "$bin/ginkgo" --procs="${E2E_PROCS:-4}" --timeout=3h --no-color --silence-skips \
-  --focus="$focus" --skip="$E2E_SKIP" "$bin/e2e.test" -- \
-  --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes=2 --report-dir="$out" \
+  --focus="$focus" --skip="$skip" "$bin/e2e.test" -- \
+  --kubeconfig="$KUBECONFIG" --provider=skeleton --num-nodes="$schedulable" --report-dir="$out" \
   --disable-log-dump=true --prepull-images=false >"$out/e2e.log" 2>&1 || status=$?
 [ -f "$out/junit_01.xml" ] || { tail -40 "$out/e2e.log" >&2; fail "$proxy: e2e: no report (ginkgo exited $status); log in $out/e2e.log"; }
 # Each test that ran, or skipped itself, as the count of the test command has it.

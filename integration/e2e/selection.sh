@@ -8,5 +8,13 @@
 # shellcheck disable=SC2034
 E2E_FOCUS='\[sig-network\] Services '
 E2E_SKIP='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky|Networking-IPv6|IPv6DualStack|LocalhostNodePorts'
+# The tests that need zones (--zones clusters, integration/kind/up.sh): how
+# traffic follows a Service's trafficDistribution and topology hints, and the
+# one Services test that skips itself with fewer than 3 schedulable nodes.
+E2E_ZONES_FOCUS='\[sig-network\] Traffic Distribution |\[sig-network\] Topology Hints |\[sig-network\] Services should implement NodePort and HealthCheckNodePort correctly when ExternalTrafficPolicy changes'
+# Upstream's dual-stack tests (--dual-stack clusters), skipped as the rest but
+# for the family they test, and SCTP, which this kernel lacks.
+E2E_DUAL_FOCUS='\[Feature:IPv6DualStack\]'
+E2E_DUAL_SKIP='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky|SCTPConnectivity'
 # The [Conformance] tests among them: what the test command runs.
 E2E_CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]'

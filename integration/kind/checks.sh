@@ -13,7 +13,10 @@
 #    its logs show them;
 # 6. every node has kube-proxy's conntrack TCP timeouts (CLOSE_WAIT 1 h, as
 #    upstream's e2e test "KubeProxy should set TCP CLOSE_WAIT timeout" expects;
-#    established 24 h), and (kube-nft) its init container set them.
+#    established 24 h), and (kube-nft) its init container set them;
+# 7. where flannel is the CNI (local images), its nftables tables are as it
+#    wrote them after the proxy's syncs of checks 2-4, and a restart of flannel
+#    under load fails no request and (kube-nft) is not taken for drift.
 # Each check prints one line: "ok: …" or "FAILED: …".
 set -euo pipefail
 proxy=kube-nft
@@ -31,6 +34,23 @@ fail() {
   exit 1
 }
 in_client() { kubectl exec client -- sh -c "$1"; }
+
+# Every nftables table of flannel's on node $1, listed (flannel.yaml).
+flannel_tables() {
+  local table
+  docker exec "$1" nft list tables | grep ' flannel-' | while read -r table; do
+    docker exec "$1" nft list "$table"
+  done
+}
+declare -A flannel_before
+flannel=0
+if kubectl get namespace kube-flannel >/dev/null 2>&1; then
+  flannel=1
+  for n in $(nodes); do
+    flannel_before[$n]=$(flannel_tables "$n")
+    [ -n "${flannel_before[$n]}" ] || fail "flannel runs, but $n has no table of flannel's"
+  done
+fi
 
 # What a failure needs to be understood: CoreDNS's pods, their last words, and
 # the proxy's on their nodes (CoreDNS is ready once it has listed the API
@@ -164,5 +184,37 @@ if [ "$proxy" = kube-nft ]; then
       fail "$pod's daemon wrote a sysctl the init container had set"
   done
   ok "kube-nft's init container set them, and the daemon found them set"
+fi
+
+# 7. Beside flannel, another writer of nftables in the same kernel.
+if [ "$flannel" = 1 ]; then
+  for n in "${all[@]}"; do
+    [ "$(flannel_tables "$n")" = "${flannel_before[$n]}" ] ||
+      fail "flannel's tables on $n changed while $proxy synced: $(diff <(echo "${flannel_before[$n]}") <(flannel_tables "$n"))"
+  done
+  ok "flannel's nftables tables on every node are as flannel wrote them, after $proxy's syncs"
+  node=$(kubectl get pod client -o jsonpath='{.spec.nodeName}')
+  old=$(kubectl -n kube-flannel get pods -l app=flannel --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}')
+  in_client 'rm -f /tmp/load; end=$(($(date +%s) + 20)); while [ $(date +%s) -lt $end ]; do
+      timeout 2 wget -qO- http://hostnames >/dev/null && echo ok >>/tmp/load || echo FAILED >>/tmp/load; done' &
+  load=$!
+  sleep 3
+  kubectl -n kube-flannel delete pod "$old" --wait=false >/dev/null || fail "could not delete flannel's pod $old"
+  kubectl -n kube-flannel rollout status daemonset/kube-flannel-ds --timeout=120s >/dev/null ||
+    fail "flannel did not come back on $node"
+  wait "$load"
+  counts=$(in_client 'sort /tmp/load | uniq -c')
+  sent=$(awk '{ n += $1 } END { print n }' <<<"$counts")
+  failed=$(awk '$2 == "FAILED" { print $1 }' <<<"$counts")
+  [ -z "$failed" ] || fail "$failed of $sent requests through hostnames failed while flannel restarted on $node"
+  [ -n "$(flannel_tables "$node")" ] || fail "flannel, restarted on $node, wrote no table"
+  drift=
+  if [ "$proxy" = kube-nft ]; then
+    drift=", and kube-nft saw no drift"
+    pod=$(kubectl -n kube-system get pods -l k8s-app=kube-nft --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}')
+    ! kubectl -n kube-system logs "$pod" -c kube-nft | grep -q "changed outside kube-nft" ||
+      fail "kube-nft on $node took flannel's restart for drift: $(kubectl -n kube-system logs "$pod" -c kube-nft | grep -m1 'changed outside')"
+  fi
+  ok "flannel restarted on $node under load: $sent requests through the ClusterIP, none failed$drift"
 fi
 kubectl delete pod client --wait=false >/dev/null

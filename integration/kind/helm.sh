@@ -5,7 +5,8 @@
 # Apart from node-image.sh, whose cache key is that script's text: Helm's
 # version moving must not rebuild the node image.
 set -euo pipefail
-export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# shellcheck source=integration/kind/lib.sh
+. "$(dirname "$0")/lib.sh"
 version=4.3.1
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
 bin=$cache/bin/helm-$version
@@ -13,13 +14,8 @@ mkdir -p "$cache/bin"
 exec {lock}>"$cache/.helm-lock"
 flock "$lock"
 if [ ! -x "$bin" ]; then
-  echo "kind: building helm v$version" >&2
-  # In a module of its own, so that Helm's go.mod chooses its dependencies.
-  work=$cache/src/helm@$version
-  mkdir -p "$work"
-  cd "$work"
-  printf 'module kube-nft.test/helm\n\ngo 1.26\n\nrequire helm.sh/helm/v4 v%s\n' "$version" >go.mod
-  go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$version" \
-    -o "$bin" helm.sh/helm/v4/cmd/helm
+  log "building helm v$version"
+  go_build "$bin" helm.sh/helm/v4 "$version" "" "-X helm.sh/helm/v4/internal/version.version=v$version" \
+    helm.sh/helm/v4/cmd/helm
 fi
 echo "$bin"

@@ -16,6 +16,25 @@ lacks_capabilities() {
   (((bounding & ((1 << 41) - 1)) != (1 << 41) - 1))
 }
 
+# Builds PACKAGES of MODULE@VERSION to OUT (a file, or a directory ending in /
+# for each package by its name), in a module of its own that requires it, so
+# that the module's own go.mod chooses every dependency. GO_REPLACE, if set, is
+# one replace directive for that module (for a dependency the Go module proxy
+# no longer serves); CGO_ENABLED is 0 unless set.
+go_build() {
+  local out=$1 module=$2 version=$3 tags=$4 ldflags=$5
+  shift 5
+  local work=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind/src/${module//\//_}@$version
+  mkdir -p "$work"
+  (
+    cd "$work"
+    printf 'module kube-nft.test/kind-node\n\ngo 1.26\n\nrequire %s v%s\n' "$module" "$version" >go.mod
+    [ -z "${GO_REPLACE:-}" ] || printf '\nreplace %s\n' "$GO_REPLACE" >>go.mod
+    GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=${CGO_ENABLED:-0} \
+      go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$out" "$@"
+  )
+}
+
 # kind itself: the one on PATH, or built from its Go module.
 kind_bin() {
   if command -v kind >/dev/null; then
@@ -69,14 +88,24 @@ load_kube_nft_image() {
   "$(kind_bin)" load docker-image --name "$name" kube-nft:latest
 }
 
-# deploy/ applied as it is but for the API server's address, one that works
+# The cluster's pod ranges, as kubeadm was given them (one per family). Not
+# to be called inside a pipeline: kubectl's `docker exec -i` reads stdin.
+pod_subnet() {
+  kubectl -n kube-system get configmap kubeadm-config -o jsonpath='{.data.ClusterConfiguration}' </dev/null |
+    sed -n 's/^ *podSubnet: *//p'
+}
+
+# deploy/ applied as it is but for the API server's address and the cluster's
+# pod ranges (clusterCIDR), one that works
 # before any Service does, and `conntrack.maxPerCore: 0` as kind writes it for
 # kube-proxy: a node is a container, whose nf_conntrack_max is the host's and
 # read-only. Returns once kube-nft's DaemonSet is rolled out.
 deploy_kube_nft() {
-  local deploy=$kind_dir/../../deploy
+  local deploy=$kind_dir/../../deploy cidr
+  cidr=$(pod_subnet)
   kubectl apply -f - <"$deploy/rbac.yaml"
-  sed 's/^    mode: nftables$/&\n    conntrack: {maxPerCore: 0}/' "$deploy/config.yaml" | kubectl apply -f -
+  sed -e 's/^    mode: nftables$/&\n    conntrack: {maxPerCore: 0}/' -e "s|^    clusterCIDR: .*|    clusterCIDR: $cidr|" \
+    "$deploy/config.yaml" | kubectl apply -f -
   sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" "$deploy/daemonset.yaml" | kubectl apply -f -
   kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
 }
@@ -88,7 +117,8 @@ deploy_kube_nft() {
 # copied there (not under /tmp: a kind node mounts a tmpfs there, and `docker
 # cp` writes beneath it). Returns once the DaemonSet is rolled out.
 install_chart() {
-  local helm chart=$kind_dir/../../deploy/helm
+  local helm chart=$kind_dir/../../deploy/helm cidr
+  cidr=$(pod_subnet)
   helm=$(bash "$kind_dir/helm.sh") || fail "helm could not be built"
   if bash "$chart/check.sh" "$helm"; then
     log "ok: the Helm chart renders deploy/ exactly with its defaults, lints, and needs apiServer.host"
@@ -101,7 +131,7 @@ install_chart() {
   {
     echo "config: |"
     sed -n '/^  config.conf: |$/,$p' "$kind_dir/../../deploy/config.yaml" | tail -n +2 |
-      sed -e 's/^  //' -e 's/^  mode: nftables$/&\n  conntrack: {maxPerCore: 0}/'
+      sed -e 's/^  //' -e 's/^  mode: nftables$/&\n  conntrack: {maxPerCore: 0}/' -e "s|^  clusterCIDR: .*|  clusterCIDR: $cidr|"
   } | docker exec -i "$name-control-plane" sh -c 'cat >/opt/kube-nft-kind.yaml'
   in_node_helm install kube-nft /opt/kube-nft-chart --namespace kube-system \
     --set apiServer.host="$(node_ip "$name-control-plane")" -f /opt/kube-nft-kind.yaml >/dev/null ||

@@ -5,10 +5,14 @@
 #   integration/kind/local-images.sh base      # libc and libgcc, as distroless/cc has them
 #   integration/kind/local-images.sh busybox   # Debian's busybox: a shell, wget, nslookup, httpd
 #   integration/kind/local-images.sh agnhost   # Kubernetes' test image, under the name the e2e tests ask for
+#   integration/kind/local-images.sh flannel   # flannel v0.28.10, with the CNI plugins it installs on a node
 #
 # Each prints the image's name; built once, kept in docker and saved under
 # $KUBE_NFT_CACHE/kind (default /var/cache/kube-nft).
 set -euo pipefail
+# shellcheck source=integration/kind/lib.sh
+. "$(dirname "$0")/lib.sh"
+flannel_version=0.28.10
 cache=${KUBE_NFT_CACHE:-/var/cache/kube-nft}/kind
 mkdir -p "$cache"
 exec {lock}>"$cache/.images.lock"
@@ -116,10 +120,40 @@ build_agnhost() {
   rm -rf "$root"
 }
 
+# flanneld as upstream's image has it (images/Dockerfile): nft for its nftables
+# mode, and iptables, whose rules it clears at every start whatever its mode
+# (it exits where iptables or ip6tables is missing). Beside it, the CNI plugins
+# its init container copies to the node: flannel, from containernetworking/plugins
+# v0.9.1, the last release that held it (its later home, flannel-io/cni-plugin,
+# is not served by the Go module proxy), and bridge, to which it delegates.
+build_flannel() {
+  local root
+  root=$(mktemp -d "$cache/flannel.XXXXXX")
+  debootstrap --variant=minbase --include=nftables,iptables \
+    bookworm "$root" http://deb.debian.org/debian >"$cache/flannel.log" 2>&1 ||
+    { log "debootstrap failed, see $cache/flannel.log"; exit 1; }
+  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  mkdir -p "$root/opt/bin" "$root/opt/cni/bin"
+  # Its udp backend is cgo, linked statically as upstream links it. The
+  # tencentcloud SDK that flannel's go.mod asks for is not served; an older
+  # one that is builds its tencentvpc backend (not used here).
+  CGO_ENABLED=1 GO_REPLACE="github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc => github.com/tencentcloud/tencentcloud-sdk-go/tencentcloud/vpc v1.0.1000" \
+    go_build "$root/opt/bin/flanneld" github.com/flannel-io/flannel "$flannel_version" "netgo osusergo" \
+    "-X github.com/flannel-io/flannel/pkg/version.Version=v$flannel_version -extldflags -static" github.com/flannel-io/flannel
+  go_build "$root/opt/cni/bin/" github.com/containernetworking/plugins 0.9.1 "" "" \
+    github.com/containernetworking/plugins/plugins/meta/flannel
+  go_build "$root/opt/cni/bin/" github.com/containernetworking/plugins 1.9.1 "" "" \
+    github.com/containernetworking/plugins/plugins/main/bridge
+  tar -C "$root" -c . | docker import -c 'ENTRYPOINT ["/opt/bin/flanneld"]' \
+    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$1" >/dev/null
+  rm -rf "$root"
+}
+
 case ${1:-} in
 builder) image kube-nft.local/rust-bookworm:3 build_builder ;;
 base) image kube-nft.local/cc-bookworm:1 build_base ;;
 busybox) image kube-nft.local/busybox:2 build_busybox ;;
 agnhost) image registry.k8s.io/e2e-test-images/agnhost:2.63.0 build_agnhost ;;
-*) echo "usage: local-images.sh builder|base|busybox|agnhost" >&2; exit 2 ;;
+flannel) image "kube-nft.local/flannel:v$flannel_version-1" build_flannel ;;
+*) echo "usage: local-images.sh builder|base|busybox|agnhost|flannel" >&2; exit 2 ;;
 esac

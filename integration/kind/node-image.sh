@@ -44,21 +44,6 @@ flock "$lock"
 bin=$cache/bin
 mkdir -p "$bin"
 
-# Builds PACKAGES of MODULE@VERSION to OUT (a file, or $bin/ for each package
-# by its name), in a module of its own that requires it, so that the module's
-# own go.mod chooses every dependency.
-go_build() {
-  local out=$1 module=$2 version=$3 tags=$4 ldflags=$5
-  shift 5
-  local work=$cache/src/${module//\//_}@$version
-  mkdir -p "$work"
-  (
-    cd "$work"
-    printf 'module kube-nft.test/kind-node\n\ngo 1.26\n\nrequire %s v%s\n' "$module" "$version" >go.mod
-    go build -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "$out" "$@"
-  )
-}
-
 if [ ! -x "$bin/kind-$kind_version" ]; then
   log "building kind v$kind_version"
   go_build "$bin/kind-$kind_version" sigs.k8s.io/kind "$kind_version" "" "" sigs.k8s.io/kind

@@ -38,21 +38,29 @@ cleanup() {
   docker network rm kind >/dev/null 2>&1
   rm -rf "$kubeconfig_dir"
   for s in "${saved[@]}"; do sysctl -qw "$s"; done
-  [ "$started_docker" = 0 ] || bash "$here/docker.sh" stop
+  # Asked of the dockerd this started before it stops: after, docker answers nothing.
   local left
-  left=$(docker ps -aq --filter "label=io.x-k8s.kind.cluster=$name" 2>/dev/null)
+  left=$(docker ps -aq --filter "name=^$name-" 2>&1) ||
+    left="docker could not say ($left)"
   [ -z "$left" ] || echo "kind: FAILED: containers left behind: $left" >&2
+  [ "$started_docker" = 0 ] || bash "$here/docker.sh" stop
 }
 trap cleanup EXIT
 sysctl -qw fs.inotify.max_user_instances=512 fs.inotify.max_user_watches=524288
 bash "$here/docker.sh" start
 
 # A run that was killed leaves its cluster running, and its nodes start again
-# with dockerd: deleted here, as named by a process that is gone.
+# with dockerd: deleted here, as named by a process that is gone; so are its
+# other containers (migrate.sh's client outside the cluster).
 for cluster in $("$(kind_bin)" get clusters 2>/dev/null); do
   [[ $cluster =~ ^kt([0-9]+)-kind$ ]] && [ ! -d "/proc/${BASH_REMATCH[1]}" ] || continue
   log "deleting $cluster, left by an earlier run"
   "$(kind_bin)" delete cluster --name "$cluster" >/dev/null 2>&1
+done
+for container in $(docker ps -a --format '{{.Names}}'); do
+  [[ $container =~ ^kt([0-9]+)-kind- ]] && [ ! -d "/proc/${BASH_REMATCH[1]}" ] || continue
+  log "deleting container $container, left by an earlier run"
+  docker rm -f "$container" >/dev/null
 done
 
 status=0
@@ -65,17 +73,23 @@ for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-ip
   # moved from kube-proxy get deploy/ applied (migrate.sh): both ways are run.
   chart=()
   [ "$proxy" != kube-nft ] || chart=(--chart)
-  if ! bash "$here/up.sh" --proxy "$proxy" "${chart[@]}" "$name"; then
+  # KUBE_NFT_E2E=zones: six workers in three zones, for the tests that need
+  # them; =dual-stack: IPv4 and IPv6.
+  shape=()
+  case ${KUBE_NFT_E2E:-none} in zones | dual-stack) shape=("--$KUBE_NFT_E2E") ;; esac
+  if ! bash "$here/up.sh" --proxy "$proxy" "${chart[@]}" "${shape[@]}" "$name"; then
     echo "kind: FAILED: a cluster with $proxy did not come up" >&2
     status=1
   else
     if [ "$proxy" != kube-proxy-iptables ]; then
       bash "$here/checks.sh" --proxy "$proxy" "$name" || status=1
       # Kubernetes' own Services tests (integration/e2e/): KUBE_NFT_E2E=conformance
-      # runs their [Conformance] ones, =all the whole selection.
+      # runs their [Conformance] ones, =all the whole selection, =zones those
+      # that need zones, =dual-stack the dual-stack ones.
       case ${KUBE_NFT_E2E:-none} in
       conformance) bash "$here/../e2e/run.sh" --proxy "$proxy" "$name" || status=1 ;;
       all) bash "$here/../e2e/run.sh" --proxy "$proxy" --all "$name" || status=1 ;;
+      zones | dual-stack) bash "$here/../e2e/run.sh" --proxy "$proxy" "--$KUBE_NFT_E2E" "$name" || status=1 ;;
       esac
     fi
     if [ "$proxy" != kube-nft ]; then

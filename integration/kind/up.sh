@@ -2,31 +2,40 @@
 # A kind cluster whose Service proxy is kube-nft, deployed from deploy/ as users
 # deploy it (or, for comparison, kube-proxy as kubeadm deploys it):
 #
-#   integration/kind/up.sh [--proxy P] [--chart] [NAME]   # create it and deploy; it stays
+#   integration/kind/up.sh [--proxy P] [--chart] [--zones] [--dual-stack] [NAME]   # create it and deploy; it stays
 #   integration/kind/up.sh --down [NAME]                  # delete it
 #
 # NAME defaults to kube-nft. P is kube-nft (the default), kube-proxy-nftables or
 # kube-proxy-iptables. --chart installs kube-nft with its Helm chart
 # (deploy/helm/kube-nft, made from deploy/) instead of applying deploy/. One control-plane node and two workers
-# (integration/kind/kind-config.yaml). KUBE_NFT_KIND_IMAGES chooses where
+# (integration/kind/kind-config.yaml); with --zones, six workers in three
+# zones instead, two to a zone (topology.kubernetes.io/zone zone-a, zone-b,
+# zone-c), as upstream's Traffic Distribution and Topology Hints tests need.
+# (Not the control plane as a sixth: the EndpointSlice controller leaves
+# control-plane nodes out of its count of a zone's CPUs, so a zone holding one
+# gets no hints.) With --dual-stack, IPv4 and IPv6: kind's ipFamily: dual, its
+# default dual-stack ranges, flannel and the proxy in both families.
+# KUBE_NFT_KIND_IMAGES chooses where
 # everything comes from:
 #   published (default)  kind's published node image and CNI (kindnetd), and
 #                        the public base images of deploy/Containerfile;
 #   local                nothing from a registry: the node image, the images
 #                        kubeadm asks for and the base images are built here from
 #                        Go modules and Debian's packages (node-image.sh,
-#                        local-images.sh), and pods are wired by a CNI config this
-#                        script writes (ptp, host-local, a route per node).
+#                        local-images.sh), and pods are wired by flannel in
+#                        its nftables mode (flannel.yaml) in kindnetd's place.
 # kind itself is the one on PATH, or built from its Go module. Needs root and a
 # docker daemon (docker.sh starts Debian's where none runs).
 set -euo pipefail
-down=0 proxy=kube-nft chart=0
+down=0 proxy=kube-nft chart=0 zones=0 dual=0
 while [ $# -gt 0 ]; do
   case $1 in
   --down) down=1 ;;
   --proxy) proxy=$2 && shift ;;
   --chart) chart=1 ;;
-  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--chart] [--down] [NAME]" >&2 && exit 2 ;;
+  --zones) zones=1 ;;
+  --dual-stack) dual=1 ;;
+  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--chart] [--zones] [--dual-stack] [--down] [NAME]" >&2 && exit 2 ;;
   *) break ;;
   esac
   shift
@@ -54,6 +63,20 @@ fi
 config=$(mktemp)
 trap 'rm -f "$config"' EXIT
 sed "s/kubeProxyMode: none/kubeProxyMode: $mode/" "$kind_dir/kind-config.yaml" >"$config"
+if [ "$dual" = 1 ]; then
+  sed -i -e 's|^  podSubnet: .*|  podSubnet: 10.244.0.0/16,fd00:10:244::/56|' \
+    -e 's|^  serviceSubnet: .*|  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|' \
+    -e 's/^networking:$/networking:\n  ipFamily: dual/' "$config"
+fi
+if [ "$zones" = 1 ]; then
+  sed -i '/^nodes:$/,$d' "$config"
+  {
+    echo "nodes:"
+    for role_zone in control-plane:a worker:a worker:a worker:b worker:b worker:c worker:c; do
+      printf -- '- role: %s\n  labels: {topology.kubernetes.io/zone: zone-%s}\n' "${role_zone%:*}" "${role_zone#*:}"
+    done
+  } >>"$config"
+fi
 node_image=()
 if [ "$images" = local ]; then
   node_image=(--image "$(bash "$kind_dir/node-image.sh")")
@@ -66,34 +89,15 @@ fi
 "$kind" create cluster --name "$name" --config "$config" "${node_image[@]}" --wait 0s
 
 if [ "$images" = local ]; then
-  # kindnetd's job, done once: each node's pods on its podCIDR (ptp veths,
-  # host-local addresses), a route to every other node's, and masquerade for
-  # what leaves the pod network.
-  pod_subnet=$(sed -n 's/^ *podSubnet: *//p' "$config")
-  for n in $(nodes); do
-    cidr=$(kubectl get node "$n" -o jsonpath='{.spec.podCIDR}')
-    mtu=$(docker exec "$n" cat /sys/class/net/eth0/mtu)
-    docker exec -i "$n" sh -c 'cat >/etc/cni/net.d/10-kube-nft-ptp.conflist' <<EOF
-{"cniVersion": "0.3.1", "name": "kind", "plugins": [
-  {"type": "ptp", "ipMasq": false, "mtu": $mtu,
-   "ipam": {"type": "host-local", "dataDir": "/run/cni-ipam-state", "routes": [{"dst": "0.0.0.0/0"}], "ranges": [[{"subnet": "$cidr"}]]}},
-  {"type": "portmap", "capabilities": {"portMappings": true}}]}
-EOF
-    for m in $(nodes); do
-      [ "$m" != "$n" ] || continue
-      docker exec "$n" ip route replace "$(kubectl get node "$m" -o jsonpath='{.spec.podCIDR}')" via "$(node_ip "$m")"
-    done
-    docker exec -i "$n" nft -f - <<EOF
-table ip kind-pod-network {
-  chain postrouting {
-    type nat hook postrouting priority srcnat; policy accept;
-    ip saddr $pod_subnet ip daddr != $pod_subnet masquerade
-  }
-}
-EOF
-  done
-  # The images the checks' pods run.
-  "$kind" load docker-image --name "$name" "$(busybox_image)"
+  # A CNI in kindnetd's place (whose Go module is not served here): flannel in
+  # its nftables mode (flannel.yaml), which writes nftables tables of its own
+  # beside the proxy's. It reaches the API server through a Service, so it
+  # comes up once the proxy does.
+  flannel=$(bash "$kind_dir/local-images.sh" flannel)
+  "$kind" load docker-image --name "$name" "$flannel" "$(busybox_image)"
+  ipv6=()
+  [ "$dual" = 0 ] || ipv6=(-e 's|"EnableNFTables": true,|&\n      "EnableIPv6": true, "IPv6Network": "fd00:10:244::/56",|')
+  sed -e "s|FLANNEL_IMAGE|$flannel|" "${ipv6[@]}" "$kind_dir/flannel.yaml" | kubectl apply -f - >/dev/null
 fi
 
 if [ "$proxy" = kube-nft ]; then
@@ -101,5 +105,11 @@ if [ "$proxy" = kube-nft ]; then
   if [ "$chart" = 1 ]; then install_chart; else deploy_kube_nft; fi
 else
   kubectl -n kube-system rollout status daemonset/kube-proxy --timeout=300s
+fi
+if [ "$images" = local ]; then
+  kubectl -n kube-flannel rollout status daemonset/kube-flannel-ds --timeout=300s >/dev/null ||
+    fail "flannel did not come up on every node of $name"
+  kubectl wait node --all --for=condition=Ready --timeout=120s >/dev/null ||
+    fail "the nodes of $name are not Ready with flannel"
 fi
 log "$proxy runs on every node of $name"
