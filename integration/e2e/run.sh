@@ -14,13 +14,11 @@
 # runs $E2E_PROCS tests at once (default 4: they mostly wait).
 set -euo pipefail
 proxy=kube-nft
-all=0 zones=0 dual=0
+selection=conformance
 while [ $# -gt 0 ]; do
   case $1 in
   --proxy) proxy=$2; shift 2 ;;
-  --all) all=1; shift ;;
-  --zones) zones=1; shift ;;
-  --dual-stack) dual=1; shift ;;
+  --all | --zones | --dual-stack) selection=${1#--}; shift ;;
   *) break ;;
   esac
 done
@@ -31,11 +29,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=integration/e2e/selection.sh
 . "$here/selection.sh"
 : "${KUBECONFIG:?names the kind cluster (integration/kind/test.sh sets it)}"
-focus=$E2E_CONFORMANCE_FOCUS
-[ "$all" = 0 ] || focus=$E2E_FOCUS
-[ "$zones" = 0 ] || focus=$E2E_ZONES_FOCUS
 skip=$E2E_SKIP
-[ "$dual" = 0 ] || { focus=$E2E_DUAL_FOCUS; skip=$E2E_DUAL_SKIP; }
+case $selection in
+conformance) focus=$E2E_CONFORMANCE_FOCUS what="its [Conformance] tests" ;;
+all) focus=$E2E_FOCUS what="the whole selection" ;;
+zones) focus=$E2E_ZONES_FOCUS what="the tests that need zones" ;;
+dual-stack) focus=$E2E_DUAL_FOCUS skip=$E2E_DUAL_SKIP what="the dual-stack tests" ;;
+esac
 out=${E2E_OUT:-${KUBE_NFT_CACHE:-/var/cache/kube-nft}/e2e-results/$proxy-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 bin=$(bash "$here/build.sh")
@@ -52,10 +52,6 @@ if ! loaded=$("$(kind_bin)" load docker-image --name "$name" "$agnhost" 2>&1); t
   fail "$proxy: e2e: loading $agnhost into $name"
 fi
 
-what="its [Conformance] tests"
-[ "$all" = 0 ] || what="the whole selection"
-[ "$zones" = 0 ] || what="the tests that need zones"
-[ "$dual" = 0 ] || what="the dual-stack tests"
 log "$proxy: e2e: running $what, ${E2E_PROCS:-4} at a time; report in $out"
 # The nodes that take pods: the suite is told how many.
 schedulable=$(kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].effect}{"\n"}{end}' | grep -vc NoSchedule)

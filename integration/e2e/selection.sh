@@ -7,7 +7,8 @@
 # they are not anchored.
 # shellcheck disable=SC2034
 E2E_FOCUS='\[sig-network\] Services '
-E2E_SKIP='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky|Networking-IPv6|IPv6DualStack|LocalhostNodePorts'
+skip_always='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky'
+E2E_SKIP="$skip_always|Networking-IPv6|IPv6DualStack|LocalhostNodePorts"
 # The tests that need zones (--zones clusters, integration/kind/up.sh): how
 # traffic follows a Service's trafficDistribution and topology hints, and the
 # one Services test that skips itself with fewer than 3 schedulable nodes.
@@ -15,6 +16,6 @@ E2E_ZONES_FOCUS='\[sig-network\] Traffic Distribution |\[sig-network\] Topology 
 # Upstream's dual-stack tests (--dual-stack clusters), skipped as the rest but
 # for the family they test, and SCTP, which this kernel lacks.
 E2E_DUAL_FOCUS='\[Feature:IPv6DualStack\]'
-E2E_DUAL_SKIP='\[Serial\]|Alpha|Beta|LoadBalancer|Disruptive|Flaky|SCTPConnectivity'
+E2E_DUAL_SKIP="$skip_always|SCTPConnectivity"
 # The [Conformance] tests among them: what the test command runs.
 E2E_CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]'

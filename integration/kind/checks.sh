@@ -35,6 +35,21 @@ fail() {
 }
 in_client() { kubectl exec client -- sh -c "$1"; }
 
+# Requests to http://hostnames back to back from the client for $1 seconds, in
+# the background (its pid in $load); load_counts, after `wait "$load"`, sets
+# $sent and $failed (empty when none failed).
+load_start() {
+  in_client "rm -f /tmp/load; end=\$((\$(date +%s) + $1)); while [ \$(date +%s) -lt \$end ]; do
+    timeout 2 wget -qO- http://hostnames >/dev/null && echo ok >>/tmp/load || echo FAILED >>/tmp/load; done" &
+  load=$!
+}
+load_counts() {
+  local counts
+  counts=$(in_client 'sort /tmp/load | uniq -c')
+  sent=$(awk '{ n += $1 } END { print n }' <<<"$counts")
+  failed=$(awk '$2 == "FAILED" { print $1 }' <<<"$counts")
+}
+
 # Every nftables table of flannel's on node $1, listed (flannel.yaml).
 flannel_tables() {
   local table
@@ -131,16 +146,12 @@ done
 ok "NodePort $port answers on each of ${#all[@]} nodes, from another node"
 
 # 4. A pod deleted while a client sends requests back to back: every one answers.
-in_client 'rm -f /tmp/load; end=$(($(date +%s) + 25)); while [ $(date +%s) -lt $end ]; do
-    timeout 2 wget -qO- http://hostnames >/dev/null && echo ok >>/tmp/load || echo FAILED >>/tmp/load; done' &
-load=$!
+load_start 25
 sleep 5
 gone=$(head -1 <<<"$pods")
 kubectl delete pod "$gone" --wait=false >/dev/null || fail "could not delete pod $gone"
 wait "$load"
-counts=$(in_client 'sort /tmp/load | uniq -c')
-sent=$(awk '{ n += $1 } END { print n }' <<<"$counts")
-failed=$(awk '$2 == "FAILED" { print $1 }' <<<"$counts")
+load_counts
 [ -z "$failed" ] || fail "$failed of $sent requests failed while pod $gone was deleted"
 [ "${sent:-0}" -gt 100 ] || fail "the client sent only ${sent:-0} requests in 25 s"
 in_client 'for i in $(seq 30); do timeout 2 wget -qO- http://hostnames; done' | grep -qx "$gone" &&
@@ -195,17 +206,13 @@ if [ "$flannel" = 1 ]; then
   ok "flannel's nftables tables on every node are as flannel wrote them, after $proxy's syncs"
   node=$(kubectl get pod client -o jsonpath='{.spec.nodeName}')
   old=$(kubectl -n kube-flannel get pods -l app=flannel --field-selector "spec.nodeName=$node" -o jsonpath='{.items[0].metadata.name}')
-  in_client 'rm -f /tmp/load; end=$(($(date +%s) + 20)); while [ $(date +%s) -lt $end ]; do
-      timeout 2 wget -qO- http://hostnames >/dev/null && echo ok >>/tmp/load || echo FAILED >>/tmp/load; done' &
-  load=$!
+  load_start 20
   sleep 3
   kubectl -n kube-flannel delete pod "$old" --wait=false >/dev/null || fail "could not delete flannel's pod $old"
   kubectl -n kube-flannel rollout status daemonset/kube-flannel-ds --timeout=120s >/dev/null ||
     fail "flannel did not come back on $node"
   wait "$load"
-  counts=$(in_client 'sort /tmp/load | uniq -c')
-  sent=$(awk '{ n += $1 } END { print n }' <<<"$counts")
-  failed=$(awk '$2 == "FAILED" { print $1 }' <<<"$counts")
+  load_counts
   [ -z "$failed" ] || fail "$failed of $sent requests through hostnames failed while flannel restarted on $node"
   [ -n "$(flannel_tables "$node")" ] || fail "flannel, restarted on $node, wrote no table"
   drift=

@@ -95,24 +95,29 @@ pod_subnet() {
     sed -n 's/^ *podSubnet: *//p'
 }
 
-# deploy/ applied as it is but for the API server's address and the cluster's
-# pod ranges (clusterCIDR), one that works
-# before any Service does, and `conntrack.maxPerCore: 0` as kind writes it for
-# kube-proxy: a node is a container, whose nf_conntrack_max is the host's and
-# read-only. Returns once kube-nft's DaemonSet is rolled out.
+# deploy/'s kube-proxy configuration (on stdin, at any indentation) as a kind
+# cluster needs it: the cluster's pod ranges $1 as clusterCIDR, and
+# `conntrack.maxPerCore: 0` as kind writes it for kube-proxy: a node is a
+# container, whose nf_conntrack_max is the host's and read-only.
+for_kind() {
+  sed -e 's/^\( *\)mode: nftables$/&\n\1conntrack: {maxPerCore: 0}/' -e "s|^\( *\)clusterCIDR: .*|\1clusterCIDR: $1|"
+}
+
+# deploy/ applied as it is but for the API server's address, one that works
+# before any Service does, and its configuration for_kind. Returns once
+# kube-nft's DaemonSet is rolled out.
 deploy_kube_nft() {
   local deploy=$kind_dir/../../deploy cidr
   cidr=$(pod_subnet)
   kubectl apply -f - <"$deploy/rbac.yaml"
-  sed -e 's/^    mode: nftables$/&\n    conntrack: {maxPerCore: 0}/' -e "s|^    clusterCIDR: .*|    clusterCIDR: $cidr|" \
-    "$deploy/config.yaml" | kubectl apply -f -
+  for_kind "$cidr" <"$deploy/config.yaml" | kubectl apply -f -
   sed "s/API_SERVER_HOST/$(node_ip "$name-control-plane")/" "$deploy/daemonset.yaml" | kubectl apply -f -
   kubectl -n kube-system rollout status daemonset/kube-nft --timeout=300s
 }
 
 # kube-nft installed as users of a Helm chart install it: deploy/helm/kube-nft
 # (made from deploy/), checked against deploy/ first (deploy/helm/check.sh),
-# then installed with the API server's address and kind's conntrack setting as
+# then installed with the API server's address and its configuration for_kind as
 # values. Helm runs in the control-plane node, as kubectl does, on the chart
 # copied there (not under /tmp: a kind node mounts a tmpfs there, and `docker
 # cp` writes beneath it). Returns once the DaemonSet is rolled out.
@@ -131,7 +136,7 @@ install_chart() {
   {
     echo "config: |"
     sed -n '/^  config.conf: |$/,$p' "$kind_dir/../../deploy/config.yaml" | tail -n +2 |
-      sed -e 's/^  //' -e 's/^  mode: nftables$/&\n  conntrack: {maxPerCore: 0}/' -e "s|^  clusterCIDR: .*|  clusterCIDR: $cidr|"
+      sed 's/^  //' | for_kind "$cidr"
   } | docker exec -i "$name-control-plane" sh -c 'cat >/opt/kube-nft-kind.yaml'
   in_node_helm install kube-nft /opt/kube-nft-chart --namespace kube-system \
     --set apiServer.host="$(node_ip "$name-control-plane")" -f /opt/kube-nft-kind.yaml >/dev/null ||

@@ -88,8 +88,7 @@ for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-ip
       # that need zones, =dual-stack the dual-stack ones.
       case ${KUBE_NFT_E2E:-none} in
       conformance) bash "$here/../e2e/run.sh" --proxy "$proxy" "$name" || status=1 ;;
-      all) bash "$here/../e2e/run.sh" --proxy "$proxy" --all "$name" || status=1 ;;
-      zones | dual-stack) bash "$here/../e2e/run.sh" --proxy "$proxy" "--$KUBE_NFT_E2E" "$name" || status=1 ;;
+      all | zones | dual-stack) bash "$here/../e2e/run.sh" --proxy "$proxy" "--$KUBE_NFT_E2E" "$name" || status=1 ;;
       esac
     fi
     if [ "$proxy" != kube-nft ]; then
