@@ -4,7 +4,9 @@
 #
 #   integration/e2e/build.sh     # prints the directory of e2e.test, ginkgo and agnhost
 #
-# - e2e.test v1.36.3: `go test -c` of k8s.io/kubernetes/test/e2e, its version
+# - e2e.test v1.36.3: `go test -c` of suite/network_test.go, which is
+#   k8s.io/kubernetes/test/e2e with its network tests alone (the other SIGs'
+#   tests are most of a first build, and none is selected), its version
 #   stamped as upstream stamps it, with upstream's build tags;
 # - ginkgo, the CLI of the same version as the suite's library, which runs the
 #   tests in parallel;
@@ -23,9 +25,13 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$out/bin"
 exec {lock}>"$out/.lock"
 flock "$lock"
+suite=$(cd "$(dirname "$0")" && pwd)/suite/network_test.go
 cd "$module"
-if [ ! -x "$out/bin/e2e.test" ]; then
-  echo "e2e: building e2e.test $version (the first build takes 10 minutes or more)" >&2
+# Built again when the suite's file changes (its copy is kept beside it).
+if [ ! -x "$out/bin/e2e.test" ] || ! cmp -s "$suite" "$out/bin/network_test.go"; then
+  echo "e2e: building e2e.test $version, with its network tests (the first build takes several minutes)" >&2
+  mkdir -p e2e-network
+  cp "$suite" e2e-network/
   ldflags=""
   for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
     ldflags+=" -X $pkg.gitVersion=v$version -X $pkg.gitMajor=${version%%.*}"
@@ -33,8 +39,9 @@ if [ ! -x "$out/bin/e2e.test" ]; then
     ldflags+=" -X $pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   done
   go test -c -vet=off -trimpath -tags selinux,notest,grpcnotrace -ldflags "all=$ldflags -s -w" \
-    -o "$out/bin/e2e.test.partial" k8s.io/kubernetes/test/e2e
+    -o "$out/bin/e2e.test.partial" ./e2e-network
   mv "$out/bin/e2e.test.partial" "$out/bin/e2e.test"
+  cp "$suite" "$out/bin/network_test.go"
 fi
 if [ ! -x "$out/bin/ginkgo" ]; then
   echo "e2e: building ginkgo" >&2

@@ -2,12 +2,13 @@
 # Kubernetes' own end-to-end tests of Services (e2e.test v1.36.3, built here),
 # against the Service proxy of a kind cluster that integration/kind/up.sh made:
 #
-#   integration/e2e/run.sh [--proxy P] [--all | --zones | --dual-stack] [NAME]   # KUBECONFIG names the cluster
+#   integration/e2e/run.sh [--proxy P] [--all | --zones | --dual-stack | --ipv6] [NAME]   # KUBECONFIG names the cluster
 #
 # Without --all, the [Conformance] tests of the selection (the test command's);
 # with it, the whole selection (integration/e2e/selection.sh); with --zones,
 # the tests that need a cluster in three zones (up.sh --zones); with
-# --dual-stack, the dual-stack tests (up.sh --dual-stack). One line per
+# --dual-stack, the dual-stack tests (up.sh --dual-stack); with --ipv6, the
+# whole selection as an IPv6-only cluster runs it (up.sh --ipv6). One line per
 # test that ran, "kind: ok: P: e2e: TEST (N s)" or "kind: FAILED: P: e2e: …",
 # and one per test that skipped itself; the JUnit report and the log stay in
 # $E2E_OUT (default $KUBE_NFT_CACHE/e2e-results/PROXY-TIME, printed). Ginkgo
@@ -18,7 +19,7 @@ selection=conformance
 while [ $# -gt 0 ]; do
   case $1 in
   --proxy) proxy=$2; shift 2 ;;
-  --all | --zones | --dual-stack) selection=${1#--}; shift ;;
+  --all | --zones | --dual-stack | --ipv6) selection=${1#--}; shift ;;
   *) break ;;
   esac
 done
@@ -35,6 +36,7 @@ conformance) focus=$E2E_CONFORMANCE_FOCUS what="its [Conformance] tests" ;;
 all) focus=$E2E_FOCUS what="the whole selection" ;;
 zones) focus=$E2E_ZONES_FOCUS what="the tests that need zones" ;;
 dual-stack) focus=$E2E_DUAL_FOCUS skip=$E2E_DUAL_SKIP what="the dual-stack tests" ;;
+ipv6) focus=$E2E_FOCUS skip=$E2E_IPV6_SKIP what="the whole selection, IPv6 alone" ;;
 esac
 out=${E2E_OUT:-${KUBE_NFT_CACHE:-/var/cache/kube-nft}/e2e-results/$proxy-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"

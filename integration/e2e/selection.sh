@@ -17,5 +17,8 @@ E2E_ZONES_FOCUS='\[sig-network\] Traffic Distribution |\[sig-network\] Topology 
 # for the family they test, and SCTP, which this kernel lacks.
 E2E_DUAL_FOCUS='\[Feature:IPv6DualStack\]'
 E2E_DUAL_SKIP="$skip_always|SCTPConnectivity"
+# On IPv6-only clusters (--ipv6): the Services selection, skipped as upstream's
+# IPv6 kind job skips it, the IPv4 tests in place of the IPv6 ones.
+E2E_IPV6_SKIP="$skip_always|Networking-IPv4|IPv6DualStack|LocalhostNodePorts"
 # The [Conformance] tests among them: what the test command runs.
 E2E_CONFORMANCE_FOCUS='\[sig-network\] Services .*\[Conformance\]'

@@ -139,7 +139,7 @@ port=$(kubectl get service hostnames -o jsonpath='{.spec.ports[0].nodePort}')
 mapfile -t all < <(nodes)
 for ((i = 0; i < ${#all[@]}; i++)); do
   to=${all[$i]} from=${all[$(((i + 1) % ${#all[@]}))]}
-  got=$(docker exec "$from" curl -sf --max-time 2 "http://$(node_ip "$to"):$port") ||
+  got=$(docker exec "$from" curl -sf --max-time 2 "$(node_url "$to" "$port")") ||
     fail "NodePort $port on $to did not answer $from"
   grep -qx "$got" <<<"$pods" || fail "NodePort $port on $to answered $from with '$got'"
 done
@@ -159,11 +159,15 @@ in_client 'for i in $(seq 30); do timeout 2 wget -qO- http://hostnames; done' | 
 ok "pod $gone deleted under load: $sent requests, none failed"
 
 # 5. Metrics on every node (kube-proxy's names and port), and kube-nft's logs.
+# localhost: kube-proxy serves them on the loopback address of the node's
+# primary family (::1 on an IPv6-only cluster's nodes); its syncs counted in
+# that family.
+family=$(primary_family)
 for n in "${all[@]}"; do
-  syncs=$(docker exec "$n" curl -sf --max-time 2 http://127.0.0.1:10249/metrics |
-    awk '/^kubeproxy_sync_proxy_rules_duration_seconds_count\{ip_family="IPv4"\}/ { print $2 }') ||
+  syncs=$(docker exec "$n" curl -sf --max-time 2 http://localhost:10249/metrics |
+    awk -v family="$family" '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"" family "\"}" { print $2 }') ||
     fail "no metrics on $n:10249"
-  [ "${syncs%.*}" -gt 0 ] 2>/dev/null || fail "$n's proxy counts no syncs (${syncs:-no such metric})"
+  [ "${syncs%.*}" -gt 0 ] 2>/dev/null || fail "$n's proxy counts no $family syncs (${syncs:-no such metric})"
 done
 ok "metrics answer on every node and count syncs"
 if [ "$proxy" = kube-nft ]; then

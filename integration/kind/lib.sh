@@ -48,9 +48,26 @@ kind_bin() {
 # no kubeconfig or kubectl is needed on the machine.
 kubectl() { docker exec -i "$name-control-plane" kubectl --kubeconfig /etc/kubernetes/admin.conf "$@"; }
 
-# The nodes' container names, and a node's address on kind's network.
+# The nodes' container names.
 nodes() { docker ps --filter "label=io.x-k8s.kind.cluster=$name" --format '{{.Names}}' | sort; }
-node_ip() { docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
+
+# The cluster's primary IP family, IPv4 or IPv6: its kubernetes Service's first.
+primary_family() { kubectl get service kubernetes -o jsonpath='{.spec.ipFamilies[0]}' </dev/null; }
+
+# A node's address on kind's network in the cluster's primary family (the one
+# its kubelet reports), and a URL of it: an IPv6-only cluster's nodes have IPv4
+# addresses on kind's network too, which no proxy serves.
+node_ip() {
+  local field=IPAddress
+  [ "$(primary_family)" = IPv4 ] || field=GlobalIPv6Address
+  docker inspect -f "{{range .NetworkSettings.Networks}}{{.$field}}{{end}}" "$1"
+}
+node_url() {
+  local ip
+  ip=$(node_ip "$1")
+  case $ip in *:*) ip="[$ip]" ;; esac
+  echo "http://$ip:$2"
+}
 
 # The image pods use for shells, clients and small servers: busybox (sh, wget,
 # nslookup, httpd, timeout). Debian's busybox 1.35 crashes on `wget -T`: bound

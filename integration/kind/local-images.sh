@@ -52,24 +52,42 @@ unpack() {
   rm -rf "$debs"
 }
 
+# A minimal Debian bookworm with PACKAGES (comma-separated) in a new directory
+# under the cache, named by WHAT; prints the directory. Its log is
+# $cache/WHAT.log.
+bookworm_root() {
+  local what=$1 packages=$2 root
+  root=$(mktemp -d "$cache/$what.XXXXXX")
+  debootstrap --variant=minbase --include="$packages" \
+    bookworm "$root" http://deb.debian.org/debian >"$cache/$what.log" 2>&1 ||
+    { log "debootstrap failed, see $cache/$what.log"; exit 1; }
+  echo "$root"
+}
+
+# The directory ROOT, without apt's downloads and lists, imported into docker as
+# IMAGE with the `docker import -c` changes that follow; ROOT is then deleted.
+import_root() {
+  local root=$1 image=$2 changes=() change
+  shift 2
+  for change in "$@"; do changes+=(-c "$change"); done
+  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  tar -C "$root" -c . | docker import "${changes[@]}" - "$image" >/dev/null
+  rm -rf "$root"
+}
+
 build_builder() {
   local root
-  root=$(mktemp -d "$cache/builder.XXXXXX")
-  debootstrap --variant=minbase --include=gcc,libc6-dev,ca-certificates,pkg-config \
-    bookworm "$root" http://deb.debian.org/debian >"$cache/builder.log" 2>&1 ||
-    { log "debootstrap failed, see $cache/builder.log"; exit 1; }
+  root=$(bookworm_root builder gcc,libc6-dev,ca-certificates,pkg-config)
   # Debian's current Rust for bookworm (rustc-web, kept new for the browsers) is
   # in bookworm-security; the release's own is 1.85, older than our crates need.
   echo 'deb http://deb.debian.org/debian-security bookworm-security main' >"$root/etc/apt/sources.list.d/security.list"
   { chroot "$root" apt-get update -qq &&
     DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -qq --no-install-recommends rustc-web cargo-web; } \
     >>"$cache/builder.log" 2>&1 || { log "installing rustc-web failed, see $cache/builder.log"; exit 1; }
-  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
   # cargo fetches crates inside it: it trusts what this machine trusts (here, an
   # egress proxy's own CA besides Debian's).
   cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
-  tar -C "$root" -c . | docker import -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' -c 'WORKDIR /' - "$1" >/dev/null
-  rm -rf "$root"
+  import_root "$root" "$1" 'ENV PATH=/usr/local/bin:/usr/bin:/bin' 'WORKDIR /'
 }
 
 build_base() {
@@ -81,8 +99,7 @@ build_base() {
   chmod 1777 "$root/tmp"
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
-  tar -C "$root" -c . | docker import - "$1" >/dev/null
-  rm -rf "$root"
+  import_root "$root" "$1"
 }
 
 build_busybox() {
@@ -97,8 +114,7 @@ build_busybox() {
     [ -e "$root/bin/$applet" ] || ln -s busybox "$root/bin/$applet"
   done
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
-  tar -C "$root" -c . | docker import -c 'ENV PATH=/bin' -c 'CMD ["sh"]' - "$1" >/dev/null
-  rm -rf "$root"
+  import_root "$root" "$1" 'ENV PATH=/bin' 'CMD ["sh"]'
 }
 
 # agnhost (integration/e2e/build.sh) with the tools its upstream Dockerfile
@@ -108,16 +124,11 @@ build_busybox() {
 build_agnhost() {
   local root bin
   bin=$(bash "$(dirname "$0")/../e2e/build.sh")
-  root=$(mktemp -d "$cache/agnhost.XXXXXX")
-  debootstrap --variant=minbase --include=curl,netcat-openbsd,iproute2,bind9-dnsutils,wget,procps,ca-certificates \
-    bookworm "$root" http://deb.debian.org/debian >"$cache/agnhost.log" 2>&1 ||
-    { log "debootstrap failed, see $cache/agnhost.log"; exit 1; }
-  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  root=$(bookworm_root agnhost curl,netcat-openbsd,iproute2,bind9-dnsutils,wget,procps,ca-certificates)
   install -m 0755 "$bin/agnhost" "$root/agnhost"
   ln -s agnhost "$root/agnhost-2"
-  tar -C "$root" -c . | docker import -c 'ENTRYPOINT ["/agnhost"]' -c 'CMD ["pause"]' \
-    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$1" >/dev/null
-  rm -rf "$root"
+  import_root "$root" "$1" 'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' \
+    'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 }
 
 # flanneld as upstream's image has it (images/Dockerfile): nft for its nftables
@@ -128,11 +139,7 @@ build_agnhost() {
 # is not served by the Go module proxy), and bridge, to which it delegates.
 build_flannel() {
   local root
-  root=$(mktemp -d "$cache/flannel.XXXXXX")
-  debootstrap --variant=minbase --include=nftables,iptables \
-    bookworm "$root" http://deb.debian.org/debian >"$cache/flannel.log" 2>&1 ||
-    { log "debootstrap failed, see $cache/flannel.log"; exit 1; }
-  rm -rf "$root/var/cache/apt/archives"/*.deb "$root/var/lib/apt/lists"/*
+  root=$(bookworm_root flannel nftables,iptables)
   mkdir -p "$root/opt/bin" "$root/opt/cni/bin"
   # Its udp backend is cgo, linked statically as upstream links it. The
   # tencentcloud SDK that flannel's go.mod asks for is not served; an older
@@ -144,9 +151,8 @@ build_flannel() {
     github.com/containernetworking/plugins/plugins/meta/flannel
   go_build "$root/opt/cni/bin/" github.com/containernetworking/plugins 1.9.1 "" "" \
     github.com/containernetworking/plugins/plugins/main/bridge
-  tar -C "$root" -c . | docker import -c 'ENTRYPOINT ["/opt/bin/flanneld"]' \
-    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$1" >/dev/null
-  rm -rf "$root"
+  import_root "$root" "$1" 'ENTRYPOINT ["/opt/bin/flanneld"]' \
+    'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 }
 
 case ${1:-} in

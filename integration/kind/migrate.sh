@@ -115,7 +115,7 @@ kubectl run migrate-client --image="$busybox" --restart=Never --command -- sh -c
 kubectl wait --for=condition=Ready pod/migrate-client --timeout=120s >/dev/null
 docker rm -f "$outside" >/dev/null 2>&1 || true
 docker run -d --name "$outside" --network kind "$busybox" \
-  sh -c "$(client_loop "http://$(node_ip "$name-worker"):$port")" >/dev/null
+  sh -c "$(client_loop "$(node_url "$name-worker" "$port")")" >/dev/null
 # kube-nft's image is ready before the move starts, as on a cluster with a registry.
 load_kube_nft_image 2>/dev/null
 steady_start=$(now)

@@ -74,9 +74,9 @@ for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-ip
   chart=()
   [ "$proxy" != kube-nft ] || chart=(--chart)
   # KUBE_NFT_E2E=zones: six workers in three zones, for the tests that need
-  # them; =dual-stack: IPv4 and IPv6.
+  # them; =dual-stack: IPv4 and IPv6; =ipv6: IPv6 alone.
   shape=()
-  case ${KUBE_NFT_E2E:-none} in zones | dual-stack) shape=("--$KUBE_NFT_E2E") ;; esac
+  case ${KUBE_NFT_E2E:-none} in zones | dual-stack | ipv6) shape=("--$KUBE_NFT_E2E") ;; esac
   if ! bash "$here/up.sh" --proxy "$proxy" "${chart[@]}" "${shape[@]}" "$name"; then
     echo "kind: FAILED: a cluster with $proxy did not come up" >&2
     status=1
@@ -85,10 +85,11 @@ for proxy in ${KUBE_NFT_KIND_PROXIES:-kube-nft kube-proxy-nftables kube-proxy-ip
       bash "$here/checks.sh" --proxy "$proxy" "$name" || status=1
       # Kubernetes' own Services tests (integration/e2e/): KUBE_NFT_E2E=conformance
       # runs their [Conformance] ones, =all the whole selection, =zones those
-      # that need zones, =dual-stack the dual-stack ones.
+      # that need zones, =dual-stack the dual-stack ones, =ipv6 the whole
+      # selection on an IPv6-only cluster.
       case ${KUBE_NFT_E2E:-none} in
       conformance) bash "$here/../e2e/run.sh" --proxy "$proxy" "$name" || status=1 ;;
-      all | zones | dual-stack) bash "$here/../e2e/run.sh" --proxy "$proxy" "--$KUBE_NFT_E2E" "$name" || status=1 ;;
+      all | zones | dual-stack | ipv6) bash "$here/../e2e/run.sh" --proxy "$proxy" "--$KUBE_NFT_E2E" "$name" || status=1 ;;
       esac
     fi
     if [ "$proxy" != kube-nft ]; then

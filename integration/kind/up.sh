@@ -2,7 +2,7 @@
 # A kind cluster whose Service proxy is kube-nft, deployed from deploy/ as users
 # deploy it (or, for comparison, kube-proxy as kubeadm deploys it):
 #
-#   integration/kind/up.sh [--proxy P] [--chart] [--zones] [--dual-stack] [NAME]   # create it and deploy; it stays
+#   integration/kind/up.sh [--proxy P] [--chart] [--zones] [--dual-stack | --ipv6] [NAME]   # create it and deploy; it stays
 #   integration/kind/up.sh --down [NAME]                  # delete it
 #
 # NAME defaults to kube-nft. P is kube-nft (the default), kube-proxy-nftables or
@@ -14,7 +14,8 @@
 # (Not the control plane as a sixth: the EndpointSlice controller leaves
 # control-plane nodes out of its count of a zone's CPUs, so a zone holding one
 # gets no hints.) With --dual-stack, IPv4 and IPv6: kind's ipFamily: dual, its
-# default dual-stack ranges, flannel and the proxy in both families.
+# default dual-stack ranges, flannel and the proxy in both families; with
+# --ipv6, IPv6 alone (kind's ipFamily: ipv6 and its IPv6 ranges).
 # KUBE_NFT_KIND_IMAGES chooses where
 # everything comes from:
 #   published (default)  kind's published node image and CNI (kindnetd), and
@@ -27,15 +28,16 @@
 # kind itself is the one on PATH, or built from its Go module. Needs root and a
 # docker daemon (docker.sh starts Debian's where none runs).
 set -euo pipefail
-down=0 proxy=kube-nft chart=0 zones=0 dual=0
+down=0 proxy=kube-nft chart=0 zones=0 family=ipv4
 while [ $# -gt 0 ]; do
   case $1 in
   --down) down=1 ;;
   --proxy) proxy=$2 && shift ;;
   --chart) chart=1 ;;
   --zones) zones=1 ;;
-  --dual-stack) dual=1 ;;
-  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--chart] [--zones] [--dual-stack] [--down] [NAME]" >&2 && exit 2 ;;
+  --dual-stack) family=dual ;;
+  --ipv6) family=ipv6 ;;
+  -*) echo "usage: up.sh [--proxy kube-nft|kube-proxy-nftables|kube-proxy-iptables] [--chart] [--zones] [--dual-stack | --ipv6] [--down] [NAME]" >&2 && exit 2 ;;
   *) break ;;
   esac
   shift
@@ -63,11 +65,14 @@ fi
 config=$(mktemp)
 trap 'rm -f "$config"' EXIT
 sed "s/kubeProxyMode: none/kubeProxyMode: $mode/" "$kind_dir/kind-config.yaml" >"$config"
-if [ "$dual" = 1 ]; then
-  sed -i -e 's|^  podSubnet: .*|  podSubnet: 10.244.0.0/16,fd00:10:244::/56|' \
-    -e 's|^  serviceSubnet: .*|  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|' \
-    -e 's/^networking:$/networking:\n  ipFamily: dual/' "$config"
-fi
+case $family in
+dual) sed -i -e 's|^  podSubnet: .*|  podSubnet: 10.244.0.0/16,fd00:10:244::/56|' \
+  -e 's|^  serviceSubnet: .*|  serviceSubnet: 10.96.0.0/16,fd00:10:96::/112|' \
+  -e 's/^networking:$/networking:\n  ipFamily: dual/' "$config" ;;
+ipv6) sed -i -e 's|^  podSubnet: .*|  podSubnet: fd00:10:244::/56|' \
+  -e 's|^  serviceSubnet: .*|  serviceSubnet: fd00:10:96::/112|' \
+  -e 's/^networking:$/networking:\n  ipFamily: ipv6/' "$config" ;;
+esac
 if [ "$zones" = 1 ]; then
   sed -i '/^nodes:$/,$d' "$config"
   {
@@ -95,9 +100,12 @@ if [ "$images" = local ]; then
   # comes up once the proxy does.
   flannel=$(bash "$kind_dir/local-images.sh" flannel)
   "$kind" load docker-image --name "$name" "$flannel" "$(busybox_image)"
-  ipv6=()
-  [ "$dual" = 0 ] || ipv6=(-e 's|"EnableNFTables": true,|&\n      "EnableIPv6": true, "IPv6Network": "fd00:10:244::/56",|')
-  sed -e "s|FLANNEL_IMAGE|$flannel|" "${ipv6[@]}" "$kind_dir/flannel.yaml" | kubectl apply -f - >/dev/null
+  families=()
+  case $family in
+  dual) families=(-e 's|"EnableNFTables": true,|&\n      "EnableIPv6": true, "IPv6Network": "fd00:10:244::/56",|') ;;
+  ipv6) families=(-e 's|"EnableNFTables": true,|&\n      "EnableIPv4": false, "EnableIPv6": true, "IPv6Network": "fd00:10:244::/56",|') ;;
+  esac
+  sed -e "s|FLANNEL_IMAGE|$flannel|" "${families[@]}" "$kind_dir/flannel.yaml" | kubectl apply -f - >/dev/null
 fi
 
 if [ "$proxy" = kube-nft ]; then
