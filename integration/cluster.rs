@@ -188,6 +188,13 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
         log.contains("kind=Full") && log.contains("messages=0 bytes=0"),
         "the restart wrote something:\n{log}"
     );
+    // The two kinds that grow with the cluster are listed in protobuf.
+    for kind in ["services", "endpointslices"] {
+        assert!(
+            log.contains(&format!(" {kind} (protobuf)")),
+            "{kind} not listed in protobuf:\n{log}"
+        );
+    }
     held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(held, "GET / HTTP/1.0\r\n\r\n").unwrap();
     let mut resp = String::new();
@@ -230,6 +237,10 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
         || nft_list(c.node()) == ruleset,
     );
     let since = second.log_text()[log_before..].to_string();
+    assert!(
+        since.contains(" (protobuf)"),
+        "no relist in protobuf:\n{since}"
+    );
     let synced: Vec<&str> = since
         .lines()
         .filter_map(|l| l.split("partial sync of ").nth(1))

@@ -27,7 +27,7 @@ fn replay(dir: &str) -> usize {
 
 #[test]
 fn every_seed_goes_through_its_target() {
-    // Each of the seven targets has seeds.
+    // Each of the eight targets has seeds.
     for (target, _) in kube_nft::testbed::fuzzing::TARGETS {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("integration/fuzz/corpus")

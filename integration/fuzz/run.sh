@@ -15,7 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 seconds=${1:-15}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(nftables conntrack ipvs rtnetlink api_objects manifests config_file)
+[ ${#targets[@]} -gt 0 ] || targets=(nftables conntrack ipvs rtnetlink api_objects api_protobuf manifests config_file)
 host=$(rustc -vV | sed -n 's/^host: //p')
 # With --target, these flags reach the crates but not the build scripts.
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \

@@ -1,6 +1,9 @@
 //! A Kubernetes API server on loopback, for the daemon to list and watch: the
-//! API tests' and the API-path benchmark's. It speaks the wire protocol kube-rs
-//! expects (JSON lists with resourceVersion and `limit`/`continue` paging,
+//! API tests' and the API-path benchmark's. It speaks JSON only, as a server
+//! that cannot speak protobuf would, so the daemon reads its lists with its
+//! JSON fallback; the protobuf lists are read from real kube-apiservers (the
+//! cluster tests, and the recorded `protobuf/` fixtures). It speaks the wire
+//! protocol kube-rs expects (JSON lists with resourceVersion and `limit`/`continue` paging,
 //! chunked watch streams of ADDED, MODIFIED, DELETED and BOOKMARK events, a 410
 //! Gone error event). The tests start it from the responses recorded from a real
 //! kube-apiserver (`integration/fixtures/kube-apiserver/`, a copy of the
@@ -83,6 +86,9 @@ struct State {
     requests: Vec<String>,
     /// Down: every connection is closed unanswered.
     down: bool,
+    /// Pages of at most this many objects, even where the request set no
+    /// limit (as a server may).
+    page_size: Option<usize>,
 }
 
 impl State {
@@ -260,6 +266,11 @@ impl ApiServer {
         }
     }
 
+    /// Answers every list in pages of at most `n` objects, asked for or not.
+    pub fn page_by(&self, n: usize) {
+        self.state.lock().unwrap().page_size = Some(n);
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.state.lock().unwrap().requests.clone()
     }
@@ -333,7 +344,8 @@ fn field_selector_matches(obj: &Value, params: &BTreeMap<String, String>) -> boo
     }
 }
 
-/// A list, paged by `limit` with an opaque `continue` (the offset).
+/// A list, paged by `limit` (or the server's own page size) with an opaque
+/// `continue` (the offset).
 fn list(conn: TcpStream, state: &Mutex<State>, kind: Kind, params: &BTreeMap<String, String>) {
     let s = state.lock().unwrap();
     let all: Vec<&Value> = s
@@ -353,7 +365,8 @@ fn list(conn: TcpStream, state: &Mutex<State>, kind: Kind, params: &BTreeMap<Str
         .get("limit")
         .and_then(|l| l.parse().ok())
         .filter(|l| *l > 0)
-        .unwrap_or(usize::MAX);
+        .unwrap_or(usize::MAX)
+        .min(s.page_size.unwrap_or(usize::MAX));
     let end = start.saturating_add(limit).min(all.len());
     let (list_kind, api_version) = kind.list_kind();
     let mut metadata = json!({"resourceVersion": s.resource_version.to_string()});

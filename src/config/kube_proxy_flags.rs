@@ -75,7 +75,7 @@ pub struct KubeProxyFlags {
     /// Ignored: kube-nft asks the API server little and does not throttle.
     #[arg(long, value_name = "N")]
     pub kube_api_burst: Option<String>,
-    /// Ignored: kube-nft talks JSON to the API server.
+    /// Ignored: kube-nft lists Services and EndpointSlices in protobuf, the rest in JSON.
     #[arg(long, value_name = "TYPE")]
     pub kube_api_content_type: Option<String>,
     /// Ignored: kube-nft serves no profiling endpoint.

@@ -441,12 +441,12 @@ const IGNORED: &[(&str, &str, &str)] = &[
     (
         "clientConnection.contentType",
         "--kube-api-content-type",
-        "kube-nft talks JSON to the API server",
+        "kube-nft lists Services and EndpointSlices in protobuf (JSON where the server cannot) and reads everything else in JSON",
     ),
     (
         "clientConnection.acceptContentTypes",
         "",
-        "kube-nft talks JSON to the API server",
+        "kube-nft lists Services and EndpointSlices in protobuf (JSON where the server cannot) and reads everything else in JSON",
     ),
     (
         "clientConnection.qps",

@@ -148,7 +148,7 @@ fn start_servers(
 }
 
 /// Sends `Terminate` on SIGTERM or SIGINT.
-fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
+fn watch_signals(tx: mpsc::SyncSender<Event>) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -174,6 +174,9 @@ fn watch_signals(tx: mpsc::Sender<Event>) -> Result<(), String> {
     Ok(())
 }
 
+/// Events that may wait for the daemon: a few pages' worth of objects.
+const EVENTS_QUEUED: usize = 1024;
+
 /// How often the manifests are looked at. A change is read once it has stood
 /// still for one period, so a file being written in pieces is not read half-way
 /// (and if it is, the store keeps its last good objects).
@@ -197,7 +200,7 @@ const VERIFICATION_ROUNDS: u32 = 8;
 /// How soon a verification in progress is asked for its answer.
 const VERIFICATION_POLL: Duration = Duration::from_millis(100);
 
-fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
+fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::SyncSender<Event>) {
     std::thread::spawn(move || {
         let mut read = manifests_stamp(&paths);
         let mut last = read.clone();
@@ -216,7 +219,7 @@ fn watch_manifests(paths: Vec<PathBuf>, tx: mpsc::Sender<Event>) {
 }
 
 /// Starts the drift monitor; `watching` says whether it runs.
-fn watch_drift(tx: mpsc::Sender<Event>, watching: Arc<AtomicBool>) {
+fn watch_drift(tx: mpsc::SyncSender<Event>, watching: Arc<AtomicBool>) {
     match Monitor::open().and_then(|m| m.away_during_own_commits().map(|()| m)) {
         Ok(mut monitor) => {
             watching.store(true, Ordering::Relaxed);
@@ -341,7 +344,10 @@ pub fn run(settings: Settings, flags: &[(String, String)], once: bool) -> Result
     metrics.queued(SystemTime::now());
     let from_api = matches!(settings.source, Source::Api(_));
 
-    let (tx, rx) = mpsc::channel::<Event>();
+    // Bounded: the API source reads a list faster than the store takes it in,
+    // and a list of 100k slices queued whole would be most of the peak RSS. A
+    // full queue stops the reading, and TCP stops the API server.
+    let (tx, rx) = mpsc::sync_channel::<Event>(EVENTS_QUEUED);
     let mut manifests = None;
     match &settings.source {
         Source::Manifests(paths) => {

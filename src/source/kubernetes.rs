@@ -6,7 +6,7 @@
 //! is unreachable. Nothing here touches the rules: while the source is down, the
 //! proxy keeps serving what it has.
 
-use super::{Delta, Update};
+use super::{list_watch, protobuf, Delta, Update};
 use crate::core::model::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
@@ -17,7 +17,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::{Api, Config};
 use std::path::PathBuf;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::SyncSender;
 
 /// How to reach the API server, as kube-proxy's `--kubeconfig` and `--master`.
 #[derive(Debug, Clone, Default)]
@@ -64,7 +64,7 @@ pub async fn client_config(conn: &Connection) -> Result<Config, String> {
 pub fn spawn<T: From<Update> + Send + 'static>(
     conn: &Connection,
     node_name: &str,
-    tx: Sender<T>,
+    tx: SyncSender<T>,
 ) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -91,15 +91,22 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                 let proxied = fields.clone().labels(&proxied_selector());
                 tokio::join!(
                     forward(
-                        watcher(Api::<core::Service>::all(client.clone()), proxied.clone()),
+                        list_watch::watcher(
+                            client.clone(),
+                            Api::<core::Service>::all(client.clone()),
+                            proxied.clone(),
+                            protobuf::service,
+                        ),
                         "Services",
                         Update::Service,
                         tx.clone(),
                     ),
                     forward(
-                        watcher(
+                        list_watch::watcher(
+                            client.clone(),
                             Api::<discovery::EndpointSlice>::all(client.clone()),
                             proxied,
+                            protobuf::endpoint_slice,
                         ),
                         "EndpointSlices",
                         Update::Slice,
@@ -141,14 +148,15 @@ fn is_gone(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchError(status) if status.code == 410)
 }
 
-/// Forwards one watcher's events as they come. Returns
-/// when the receiver is gone, or when the API server has no such kind (an old
+/// Forwards one watcher's events as they come. A full queue blocks the watch
+/// thread, on purpose: the list waits for the store (no other task there needs
+/// to run meanwhile). Returns when the receiver is gone, or when the API server has no such kind (an old
 /// cluster without ServiceCIDRs): that kind is then reported as an empty list.
 async fn forward<K: Send + 'static, T: From<Update>>(
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send,
     kind: &'static str,
     wrap: fn(Delta<K>) -> Update,
-    tx: Sender<T>,
+    tx: SyncSender<T>,
 ) {
     futures_util::pin_mut!(events);
     // client-go's reflector backoff (800 ms doubling to 30 s, with jitter),

@@ -1,11 +1,14 @@
 //! Where Kubernetes objects come from: manifest files (`files`), or an API server
-//! watched with kube-rs (`kubernetes`). The API source reports changes one object
+//! watched with kube-rs (`kubernetes`), Services and EndpointSlices listed in
+//! protobuf (`list_watch`, `protobuf`). The API source reports changes one object
 //! at a time (`Update`); manifest files are read whole into the same updates.
 //! `store` applies them to the model it owns and reports what changed.
 
 pub mod api_metrics;
 pub mod files;
 pub mod kubernetes;
+pub mod list_watch;
+pub mod protobuf;
 pub mod store;
 
 use k8s_openapi::api::core::v1 as core;

@@ -17,12 +17,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its binary and its corpus directory.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("nftables", nftables),
     ("conntrack", conntrack),
     ("ipvs", ipvs),
     ("rtnetlink", rtnetlink),
     ("api_objects", api_objects),
+    ("api_protobuf", api_protobuf),
     ("manifests", manifests),
     ("config_file", config_file),
 ];
@@ -111,6 +112,44 @@ pub fn api_objects(data: &[u8]) {
         objects.nodes.push(n);
     }
     let _ = convert::validate(&objects, Some("node-a"));
+}
+
+/// A protobuf list body as the API server sends it, read by the streaming
+/// reader as both kinds, in pieces whose size the first byte chooses; every
+/// object read is converted.
+pub fn api_protobuf(data: &[u8]) {
+    use crate::source::protobuf::{endpoint_slice, service, ListReader};
+    let Some((&piece, body)) = data.split_first() else {
+        return;
+    };
+    let piece = usize::from(piece).max(1);
+    let mut services = ListReader::new(service);
+    let mut slices = ListReader::new(endpoint_slice);
+    let (mut services_ok, mut slices_ok) = (true, true);
+    for chunk in body.chunks(piece) {
+        services.feed(chunk);
+        slices.feed(chunk);
+        while services_ok {
+            match services.next_item() {
+                Ok(Some(s)) => {
+                    let _ = convert::convert_service(&s, &mut Vec::new());
+                }
+                Ok(None) => break,
+                Err(_) => services_ok = false,
+            }
+        }
+        while slices_ok {
+            match slices.next_item() {
+                Ok(Some(s)) => {
+                    let _ = convert::convert_endpoint_slice(&s);
+                }
+                Ok(None) => break,
+                Err(_) => slices_ok = false,
+            }
+        }
+    }
+    let _ = services.finish();
+    let _ = slices.finish();
 }
 
 /// A manifest file, all the way to the `nft -f` text of the ruleset `run`

@@ -179,6 +179,21 @@ fn api_objects() {
     }
 }
 
+/// The recorded protobuf lists, each read whole (a first byte of 255) and in
+/// small pieces (7).
+fn api_protobuf() {
+    let dir = repo().join("integration/fixtures/kube-apiserver/protobuf");
+    for list in ["services.pb", "services-page1.pb", "endpointslices.pb"] {
+        let body = std::fs::read(dir.join(list)).unwrap();
+        for piece in [255u8, 7] {
+            let mut seed = vec![piece];
+            seed.extend_from_slice(&body);
+            let name = format!("{}-{piece}", list.trim_end_matches(".pb"));
+            write("api_protobuf", &name, &seed);
+        }
+    }
+}
+
 fn manifests() {
     write(
         "manifests",
@@ -221,6 +236,7 @@ fn main() {
     ipvs();
     rtnetlink();
     api_objects();
+    api_protobuf();
     manifests();
     config_file();
 }

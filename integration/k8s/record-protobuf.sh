@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Records the protobuf fixtures (integration/fixtures/kube-apiserver/protobuf/):
+# a real control plane (cluster.sh), the objects of objects.yaml applied and a
+# load balancer's status set, then each list asked for in protobuf and in JSON,
+# one right after the other. The tests decode both and compare them.
+#
+#   integration/k8s/record-protobuf.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export KUBE_NFT_CLUSTER_PREFIX=${KUBE_NFT_CLUSTER_PREFIX:-krp}
+out=$here/../fixtures/kube-apiserver/protobuf
+dir=$(mktemp -d /var/tmp/kube-nft-record.XXXXXX)
+trap '"$here/cluster.sh" down "$dir"; rm -rf "$dir"' EXIT
+"$here/cluster.sh" up "$dir"
+# shellcheck disable=SC1091
+source "$dir/env"
+kubectl() { ip netns exec "$CONTROL_PLANE_NETNS" "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+kubectl apply -f "$out/objects.yaml" >&2
+kubectl -n fixtures patch service lb --subresource status --type merge \
+  -p '{"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.7","ipMode":"Proxy"},{"hostname":"lb.example.org"}]}}}' >&2
+# The EndpointSlice controller's own slices (empty: there are no pods) settle.
+sleep 5
+get() {
+  local accept=$1 path=$2 file=$3
+  ip netns exec "$CONTROL_PLANE_NETNS" curl -sf --cacert "$CA" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    -A kube-nft -H "Accept: $accept" "$APISERVER$path" -o "$out/$file"
+}
+pb=application/vnd.kubernetes.protobuf
+for kind in services:/api/v1 endpointslices:/apis/discovery.k8s.io/v1; do
+  name=${kind%%:*} group=${kind#*:}
+  get "$pb" "$group/namespaces/fixtures/$name" "$name.pb"
+  get application/json "$group/namespaces/fixtures/$name" "$name.json"
+done
+get "$pb" "/api/v1/namespaces/fixtures/services?limit=2" services-page1.pb
+# A refusal, as the API server encodes its Status (curl -f would drop it).
+ip netns exec "$CONTROL_PLANE_NETNS" curl -s --cacert "$CA" -H "Authorization: Bearer $ADMIN_TOKEN" \
+  -H "Accept: $pb" "$APISERVER/api/v1/namespaces/fixtures/services?limit=1&continue=bm90LWEtdG9rZW4" \
+  -o "$out/status-bad-continue.pb"
+"$BIN/kube-apiserver" --version >"$out/VERSION"
+ls -l "$out" >&2
