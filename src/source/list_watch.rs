@@ -27,6 +27,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use std::collections::VecDeque;
 use std::fmt::Debug;
+use std::future::Future;
 
 /// Decodes one object of a protobuf list.
 pub type DecodeItem<K> = fn(&[u8]) -> Result<K, protobuf::DecodeError>;
@@ -165,7 +166,7 @@ where
                 resource_version,
                 stream,
             };
-            match stream.next().await {
+            match idle_limited(&kind.config, stream.next()).await.flatten() {
                 Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
                     let rv = obj
                         .meta()
@@ -200,7 +201,8 @@ where
                     Some(Err(watcher::Error::WatchFailed(e))),
                     watching(resource_version, stream),
                 ),
-                // The server ended the watch (its timeout): watch again from here.
+                // The server ended the watch (its timeout), or the connection
+                // went silent for longer: watch again from here.
                 None => (None, State::Listed { resource_version }),
             }
         }
@@ -242,7 +244,17 @@ where
                 Ok(None) => {}
                 Err(e) => return failed(invalid(e), l.since),
             }
-            match body.frame().await {
+            let frame = match idle_limited(&kind.config, body.frame()).await {
+                Some(frame) => frame,
+                None => {
+                    let silent = std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the list's response stopped arriving",
+                    );
+                    return failed(kube::Error::ReadEvents(silent), l.since);
+                }
+            };
+            match frame {
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
                         reader.feed(data);
@@ -297,6 +309,22 @@ where
                 }
                 Err(e) => failed(e, l.since),
             }
+        }
+    }
+}
+
+/// How long a watch or a list's response may stay silent before its
+/// connection is taken for dead: the server's watch timeout (kube-rs's default,
+/// 290 s) and 5 s, as kube-rs's watcher waits. The client sets no read timeout,
+/// and a half-open connection would otherwise be waited on for ever.
+async fn idle_limited<T>(config: &watcher::Config, next: impl Future<Output = T>) -> Option<T> {
+    let server = u64::from(config.timeout.unwrap_or(290));
+    let limit = std::time::Duration::from_secs(server + 5);
+    match tokio::time::timeout(limit, next).await {
+        Ok(item) => Some(item),
+        Err(_) => {
+            tracing::info!("no word from the API server in {limit:?}; reconnecting");
+            None
         }
     }
 }
