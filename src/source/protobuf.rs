@@ -92,25 +92,15 @@ impl<'a> Fields<'a> {
         if self.buf.is_empty() {
             return Ok(None);
         }
-        let key = self.varint()?;
-        let value = match key & 7 {
-            0 => Value::Varint(self.varint()?),
-            1 => {
-                self.take(8)?;
-                Value::Fixed
-            }
-            2 => {
-                let n = usize::try_from(self.varint()?)
-                    .map_err(|_| error("a length beyond the address space"))?;
-                Value::Bytes(self.take(n)?)
-            }
-            5 => {
-                self.take(4)?;
-                Value::Fixed
-            }
-            t => return Err(error(format!("wire type {t} (field {})", key >> 3))),
+        let h =
+            header(self.buf)?.ok_or_else(|| error("a field's key or length runs past the end"))?;
+        let value = &self.take(h.len + h.value_len)?[h.len..];
+        let value = match h.wire_type {
+            0 => Value::Varint(Fields::new(value).varint()?),
+            2 => Value::Bytes(value),
+            _ => Value::Fixed,
         };
-        Ok(Some((key >> 3, value)))
+        Ok(Some((h.number, value)))
     }
 }
 
@@ -494,10 +484,7 @@ fn header(buf: &[u8]) -> Result<Option<Header>> {
         },
         1 => (key_len, 8),
         2 => match varint_at(&buf[key_len..])? {
-            Some((n, n_len)) => (
-                key_len + n_len,
-                usize::try_from(n).map_err(|_| error("a length beyond the address space"))?,
-            ),
+            Some((n, n_len)) => (key_len + n_len, address(n)?),
             None => return Ok(None),
         },
         5 => (key_len, 4),
@@ -509,6 +496,15 @@ fn header(buf: &[u8]) -> Result<Option<Header>> {
         len,
         value_len,
     }))
+}
+
+/// A length as an offset in memory, or an error for one that cannot be: at
+/// most `isize::MAX`, so that adding it to an offset in a body cannot overflow.
+fn address(n: u64) -> Result<usize> {
+    usize::try_from(n)
+        .ok()
+        .filter(|n| *n <= isize::MAX as usize)
+        .ok_or_else(|| error("a length beyond the address space"))
 }
 
 /// Where a `ListReader` is in the body.
@@ -792,7 +788,7 @@ mod tests {
 
     #[test]
     fn a_body_read_in_pieces_of_any_size_gives_the_same_objects() {
-        for (name, ..) in [("services.pb", ()), ("endpointslices.pb", ())] {
+        for name in ["services.pb", "endpointslices.pb"] {
             let body = fixture(name);
             let whole = read(&body, usize::MAX, endpoint_slice_or_service(name))
                 .unwrap()
@@ -857,6 +853,14 @@ mod tests {
         let mut bad = MAGIC.to_vec();
         bad.extend_from_slice(&[0x12, 3, 0x12, 9, 0]);
         assert!(read(&bad, usize::MAX, endpoint_slice).is_err());
+        // A length past anything addressable, in the envelope and in the list.
+        let huge = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        for prefix in [&[0x12][..], &[0x12, 20, 0x12][..]] {
+            let mut bad = MAGIC.to_vec();
+            bad.extend_from_slice(prefix);
+            bad.extend_from_slice(&huge);
+            assert!(read(&bad, usize::MAX, endpoint_slice).is_err());
+        }
         // A wire type protobuf has no more (a group).
         assert!(read(&[b'k', b'8', b's', 0, 0x0b], usize::MAX, endpoint_slice).is_err());
     }
