@@ -91,9 +91,8 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                 let proxied = fields.clone().labels(&proxied_selector());
                 tokio::join!(
                     forward(
-                        list_watch::watcher(
+                        list_watch::watcher::<core::Service>(
                             client.clone(),
-                            Api::<core::Service>::all(client.clone()),
                             proxied.clone(),
                             protobuf::service,
                         ),
@@ -102,9 +101,8 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                         tx.clone(),
                     ),
                     forward(
-                        list_watch::watcher(
+                        list_watch::watcher::<discovery::EndpointSlice>(
                             client.clone(),
-                            Api::<discovery::EndpointSlice>::all(client.clone()),
                             proxied,
                             protobuf::endpoint_slice,
                         ),

@@ -88,10 +88,9 @@ struct Kind<K> {
 
 type Step<K> = (Option<Result<Event<K>, watcher::Error>>, State<K>);
 
-/// kube-rs's `watcher(api, config)`, with the list read in protobuf.
+/// kube-rs's `watcher(Api::all(client), config)`, with the list read in protobuf.
 pub fn watcher<K>(
     client: Client,
-    api: Api<K>,
     config: watcher::Config,
     decode: DecodeItem<K>,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
@@ -99,8 +98,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let kind = Kind {
+        api: Api::all(client.clone()),
         client,
-        api,
         config,
         decode,
     };
@@ -166,21 +165,20 @@ where
                 resource_version,
                 stream,
             };
+            // An object's event moves the watch on to its resourceVersion.
+            let seen = |obj: &K, resource_version| {
+                obj.meta()
+                    .resource_version
+                    .clone()
+                    .unwrap_or(resource_version)
+            };
             match idle_limited(&kind.config, stream.next()).await.flatten() {
                 Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
-                    let rv = obj
-                        .meta()
-                        .resource_version
-                        .clone()
-                        .unwrap_or(resource_version);
+                    let rv = seen(&obj, resource_version);
                     (Some(Ok(Event::Apply(obj))), watching(rv, stream))
                 }
                 Some(Ok(WatchEvent::Deleted(obj))) => {
-                    let rv = obj
-                        .meta()
-                        .resource_version
-                        .clone()
-                        .unwrap_or(resource_version);
+                    let rv = seen(&obj, resource_version);
                     (Some(Ok(Event::Delete(obj))), watching(rv, stream))
                 }
                 Some(Ok(WatchEvent::Bookmark(bookmark))) => {
@@ -292,9 +290,9 @@ where
                 }
             }
             match request(kind, &l.since, l.continue_token.take()).await {
+                // Its resourceVersion and continue token are read with it.
                 Ok(Requested::Protobuf(reading)) => {
                     l.reading = Some(reading);
-                    l.resource_version = None;
                     (None, State::Paging(l))
                 }
                 Ok(Requested::Json(list)) => {

@@ -123,33 +123,51 @@ pub fn api_protobuf(data: &[u8]) {
         return;
     };
     let piece = usize::from(piece).max(1);
-    let mut services = ListReader::new(service);
-    let mut slices = ListReader::new(endpoint_slice);
-    let (mut services_ok, mut slices_ok) = (true, true);
+    let mut services = Reading::new(ListReader::new(service));
+    let mut slices = Reading::new(ListReader::new(endpoint_slice));
     for chunk in body.chunks(piece) {
-        services.feed(chunk);
-        slices.feed(chunk);
-        while services_ok {
-            match services.next_item() {
-                Ok(Some(s)) => {
-                    let _ = convert::convert_service(&s, &mut Vec::new());
-                }
-                Ok(None) => break,
-                Err(_) => services_ok = false,
-            }
+        services.feed(chunk, |s| {
+            let _ = convert::convert_service(s, &mut Vec::new());
+        });
+        slices.feed(chunk, |s| {
+            let _ = convert::convert_endpoint_slice(s);
+        });
+    }
+    let _ = services.reader.finish();
+    let _ = slices.reader.finish();
+}
+
+/// One kind's reader, until its first error.
+struct Reading<K> {
+    reader: crate::source::protobuf::ListReader<K>,
+    failed: bool,
+}
+
+impl<K> Reading<K> {
+    fn new(reader: crate::source::protobuf::ListReader<K>) -> Self {
+        Reading {
+            reader,
+            failed: false,
         }
-        while slices_ok {
-            match slices.next_item() {
-                Ok(Some(s)) => {
-                    let _ = convert::convert_endpoint_slice(&s);
+    }
+
+    /// Feeds a piece of the body and converts every object it completes.
+    fn feed(&mut self, chunk: &[u8], convert: impl Fn(&K)) {
+        if self.failed {
+            return;
+        }
+        self.reader.feed(chunk);
+        loop {
+            match self.reader.next_item() {
+                Ok(Some(obj)) => convert(&obj),
+                Ok(None) => return,
+                Err(_) => {
+                    self.failed = true;
+                    return;
                 }
-                Ok(None) => break,
-                Err(_) => slices_ok = false,
             }
         }
     }
-    let _ = services.finish();
-    let _ = slices.finish();
 }
 
 /// A manifest file, all the way to the `nft -f` text of the ruleset `run`
