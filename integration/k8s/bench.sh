@@ -32,8 +32,8 @@ trap '"$here/cluster.sh" down "$dir"; rm -rf "$dir"' EXIT
 source "$dir/env"
 node=${prefix}-node-a
 "$here/cluster.sh" bench-node "$dir" "$node" 10.100.0.11
-"$here/cluster.sh" node "$dir" node-a 10.100.0.11 10.128.0.0/24
+"$here/cluster.sh" node "$dir" node-1 10.100.0.11 10.128.0.0/24
 echo "bench: kube-proxy $("$BIN/kube-proxy" --version | sed 's/^Kubernetes //'), kube-nft $("$kube_nft" --version 2>/dev/null || echo '?'), nft $(nft --version | awk '{print $2}'), $(iptables --version)" >&2
 ip netns exec "$node" "$kube_nft" bench-kube-proxy --kubeconfig "$KUBECONFIG" \
-  --kube-proxy "$BIN/kube-proxy" --node-name node-a --node-ip 10.100.0.11 \
+  --kube-proxy "$BIN/kube-proxy" --node-name node-1 --node-ip 10.100.0.11 \
   --etcd 127.0.0.1:2379 --etcd-netns "$CONTROL_PLANE_NETNS" "$@"

@@ -9,7 +9,7 @@
 
 use super::etcd_load::{self, Etcd};
 use crate::source::store::TRIGGER_TIME_ANNOTATION;
-use crate::testbed::synthetic::endpoint_addr;
+use crate::testbed::synthetic::{endpoint_addr, node_number, CLUSTER_CIDR};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -69,10 +69,30 @@ pub(crate) fn addresses(i: usize, probe: bool, node_ip: Ipv4Addr) -> Vec<IpAddr>
         .collect()
 }
 
+/// The node of the pod at `addr`, as the EndpointSlice controller records it:
+/// the pods are spread over 100 nodes as in the synthetic bench, named as the
+/// bench scripts name the nodes they run (`node-1` to `node-100`), so a node
+/// under test hosts 1 % of them. The probe's endpoint, the node's own address,
+/// has none. An endpoint without a node may be any node's and needs a hairpin
+/// element on every node: before the bench's endpoints had nodes, a node's
+/// hairpin set at 100k held a million elements (docs/BENCHMARKS.md).
+fn pod_node(addr: IpAddr) -> Option<String> {
+    let pods: ipnet::IpNet = CLUSTER_CIDR.parse().expect("a CIDR");
+    let pod = pods.contains(&addr);
+    pod.then(|| format!("node-{}", node_number(addr) + 1))
+}
+
 pub(crate) fn slice_json(i: usize, addrs: &[IpAddr]) -> Value {
     let endpoints: Vec<Value> = addrs
         .iter()
-        .map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true, "serving": true, "terminating": false}}))
+        .map(|a| {
+            let mut e = json!({"addresses": [a.to_string()],
+                "conditions": {"ready": true, "serving": true, "terminating": false}});
+            if let Some(node) = pod_node(*a) {
+                e["nodeName"] = node.into();
+            }
+            e
+        })
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -294,7 +314,7 @@ pub(crate) async fn patch_endpoints(
 }
 
 /// The flags every proxy of the benches takes, kube-nft and kube-proxy alike:
-/// the cluster's pods are in 10.128.0.0/9 (`endpoint_addr`), and
+/// the cluster's pods are in `CLUSTER_CIDR` (`endpoint_addr`), and
 /// nf_conntrack_max is the host's, read-only in a node's namespace, so both
 /// leave it (the timeouts are the namespace's, and both set them).
 pub(crate) fn proxy_flags(kubeconfig: &std::path::Path, node_name: &str) -> Vec<String> {
@@ -304,7 +324,7 @@ pub(crate) fn proxy_flags(kubeconfig: &std::path::Path, node_name: &str) -> Vec<
         "--hostname-override",
         node_name,
         "--cluster-cidr",
-        "10.128.0.0/9",
+        CLUSTER_CIDR,
         "--conntrack-max-per-core",
         "0",
     ]

@@ -14,7 +14,7 @@
 
 use super::apiserver::{ApiServer, Kind};
 use crate::testbed::netns::Netns;
-use crate::testbed::synthetic::{endpoint_addr, node_of, vip, THIS_NODE};
+use crate::testbed::synthetic::{endpoint_addr, node_of, vip, CLUSTER_CIDR, THIS_NODE};
 use serde_json::{json, Value};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
@@ -186,7 +186,7 @@ fn run_once(netns: &str, url: &str) -> Result<OnceReport, String> {
         .args(["netns", "exec", netns])
         .arg(exe)
         .args(["run", "--master", url, "--hostname-override", THIS_NODE])
-        .args(["--cluster-cidr", "10.128.0.0/9", "--once"])
+        .args(["--cluster-cidr", CLUSTER_CIDR, "--once"])
         // nf_conntrack_max is the host's, read-only in a namespace.
         .args(["--conntrack-max-per-core", "0"])
         .env("RUST_LOG", "info")

@@ -463,7 +463,7 @@ pub fn data_plane(
                         &node,
                         "iptables-legacy-restore",
                         &[],
-                        Some(&iptables_shape(state, "10.128.0.0/9")),
+                        Some(&iptables_shape(state, synthetic::CLUSTER_CIDR)),
                     ),
                 };
                 if let Err(e) = loaded {

@@ -144,7 +144,7 @@ fn program(manifests: &std::path::Path, mode: &str) -> Result<(), String> {
         .arg(manifests)
         .args([
             "--cluster-cidr",
-            "10.128.0.0/9",
+            crate::testbed::synthetic::CLUSTER_CIDR,
             "--nodeport-addresses",
             &format!("{NODE_IP}/32"),
             "--fast-path",

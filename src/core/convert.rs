@@ -95,7 +95,7 @@ pub fn convert_service(
 ) -> Result<Converted<Service>, Rejected> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let key = ServiceKey {
-        namespace: namespace_of(&svc.metadata),
+        namespace: namespace_of(&svc.metadata).into(),
         name: name.clone(),
     };
     let object = format!("Service {key}");
@@ -569,7 +569,7 @@ pub fn convert_endpoint_slice(
     Ok(Converted::Valid(EndpointSlice {
         name,
         service: ServiceKey {
-            namespace,
+            namespace: namespace.into(),
             name: service.clone(),
         },
         family,

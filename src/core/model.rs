@@ -22,7 +22,9 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ServiceKey {
-    pub namespace: String,
+    /// Shared (`name`): the model, its footprints and the store each keep a
+    /// Service's key, and a cluster has far fewer namespaces than Services.
+    pub namespace: Name,
     pub name: String,
 }
 
@@ -187,22 +189,93 @@ impl Conditions {
 /// A node's or a zone's name, as endpoints carry it. A cluster has a million
 /// endpoints and a few thousand nodes: each name is kept once (`name`), and an
 /// endpoint holds a reference to it (a `String` each was 120 MiB at 100k
-/// Services × 10).
-pub type Name = Arc<str>;
+/// Services × 10). A thin pointer: an endpoint carries two, and `Arc<str>`
+/// would make each twice as wide (16 MiB more at a million endpoints).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(Arc<String>);
 
-/// The one copy of a node's or a zone's name. The names of nodes that have gone
-/// stay: a cluster's history of nodes is small.
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl Default for Name {
+    fn default() -> Name {
+        name("")
+    }
+}
+
+impl From<&str> for Name {
+    fn from(s: &str) -> Name {
+        name(s)
+    }
+}
+
+impl From<String> for Name {
+    fn from(s: String) -> Name {
+        name(&s)
+    }
+}
+
+impl PartialEq<str> for Name {
+    fn eq(&self, other: &str) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<&str> for Name {
+    fn eq(&self, other: &&str) -> bool {
+        **self == **other
+    }
+}
+
+/// Names interned, and how many there were when those nobody held were last
+/// let go.
+#[derive(Default)]
+struct Names {
+    names: HashSet<Name>,
+    after_last_purge: usize,
+}
+
+/// The one copy of a node's, a zone's or a namespace's name. Names that nothing
+/// holds any more (a namespace deleted, a node gone) are let go each time the
+/// set has doubled, so a cluster that makes and deletes namespaces all day
+/// does not grow it.
 pub fn name(s: &str) -> Name {
-    static NAMES: OnceLock<Mutex<HashSet<Name>>> = OnceLock::new();
+    static NAMES: OnceLock<Mutex<Names>> = OnceLock::new();
     let mut names = NAMES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
-    if let Some(n) = names.get(s) {
+    if let Some(n) = names.names.get(s) {
         return n.clone();
     }
-    let n: Name = Arc::from(s);
-    names.insert(n.clone());
+    if names.names.len() >= 2 * names.after_last_purge.max(64) {
+        names.names.retain(|n| Arc::strong_count(&n.0) > 1);
+        names.after_last_purge = names.names.len();
+    }
+    let n = Name(Arc::new(s.to_owned()));
+    names.names.insert(n.clone());
     n
 }
 
@@ -519,6 +592,35 @@ fn rank(c: &Conditions) -> u8 {
 #[cfg(test)]
 mod tests {
     use crate::testbed::synthetic;
+
+    #[test]
+    fn a_name_nothing_holds_is_let_go() {
+        let gone = super::name("a-namespace-deleted-long-ago");
+        let weak = std::sync::Arc::downgrade(&gone.0);
+        drop(gone);
+        for i in 0..10_000 {
+            super::name(&format!("a-namespace-made-and-deleted-{i}"));
+        }
+        assert!(weak.upgrade().is_none());
+        let held = super::name("node-held");
+        for i in 0..10_000 {
+            super::name(&format!("another-namespace-{i}"));
+        }
+        assert!(std::sync::Arc::ptr_eq(&held.0, &super::name("node-held").0));
+    }
+
+    /// A cluster holds a million endpoints: each byte here is a mebibyte there.
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn an_endpoint_is_48_bytes_and_its_names_are_shared() {
+        assert_eq!(std::mem::size_of::<super::Endpoint>(), 48);
+        let (a, b) = (super::name("node-7"), super::name("node-7"));
+        assert!(std::sync::Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(
+            (&*a, format!("{a:?}")),
+            ("node-7", "\"node-7\"".to_string())
+        );
+    }
 
     #[test]
     fn a_snapshot_builds_the_state_it_was_taken_of() {

@@ -84,14 +84,19 @@ impl Engine {
     }
 
     /// These Services changed: the next sync recomputes them.
+    /// While a full sync is due they need no record: it recomputes them all
+    /// (at start, the lists mark every Service, 9 MiB of keys at 100k).
     pub fn mark(&mut self, changed: impl IntoIterator<Item = ServiceKey>) {
-        self.dirty.extend(changed);
+        if !self.full_sync_needed {
+            self.dirty.extend(changed);
+        }
     }
 
     /// Makes the next sync a full readback and diff (drift, resync period, a
     /// changed node).
     pub fn request_full_sync(&mut self) {
         self.full_sync_needed = true;
+        self.dirty.clear();
     }
 
     pub fn pending(&self) -> bool {
@@ -313,5 +318,82 @@ impl Proxy {
 
     pub fn verification(&mut self) -> Option<Verification> {
         self.engine.verification()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testbed::synthetic::{node_config, service_key};
+
+    /// A dataplane that records what it was asked, and refuses while told to.
+    #[derive(Default)]
+    struct Recorder {
+        refuse: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Dataplane for Recorder {
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn full_sync(&mut self, _: &ClusterState, _: &NodeConfig) -> Result<Written, SyncError> {
+            self.answer()
+        }
+        fn partial_sync(
+            &mut self,
+            _: &ClusterState,
+            _: &NodeConfig,
+            _: &[ServiceKey],
+        ) -> Result<Written, SyncError> {
+            self.answer()
+        }
+        fn verify(&mut self, _: &ClusterState, _: &NodeConfig) -> Result<bool, SyncError> {
+            Ok(true)
+        }
+    }
+
+    impl Recorder {
+        fn answer(&self) -> Result<Written, SyncError> {
+            if self.refuse.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(SyncError::new("recorder", std::io::Error::other("refused")));
+            }
+            Ok(Written::default())
+        }
+    }
+
+    #[test]
+    fn changes_marked_while_a_full_sync_is_due_are_not_kept_and_the_next_sync_is_full() {
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let recorder = Recorder {
+            refuse: refuse.clone(),
+        };
+        let mut engine = Engine::new(node_config(), vec![Box::new(recorder)]);
+        let state = ClusterState::default();
+        engine.mark([service_key(0), service_key(1)]);
+        assert!(engine.dirty.is_empty());
+        assert!(engine.pending());
+        assert_eq!(engine.sync(&state).unwrap().kind, SyncKind::Full);
+
+        engine.mark([service_key(2)]);
+        let r = engine.sync(&state).unwrap();
+        assert_eq!(
+            (r.kind, r.recomputed),
+            (SyncKind::Partial, vec![service_key(2)])
+        );
+
+        // A full sync requested drops what was marked before it.
+        engine.mark([service_key(3)]);
+        engine.request_full_sync();
+        assert!(engine.dirty.is_empty());
+        assert_eq!(engine.sync(&state).unwrap().kind, SyncKind::Full);
+
+        // A refused partial sync makes the next one full, whatever comes meanwhile.
+        engine.mark([service_key(4)]);
+        refuse.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(engine.sync(&state).is_err());
+        engine.mark([service_key(5)]);
+        refuse.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(engine.sync(&state).unwrap().kind, SyncKind::Full);
+        assert!(!engine.pending());
     }
 }

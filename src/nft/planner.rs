@@ -737,10 +737,14 @@ pub fn plan_full_into(
                 }
             }
             for (id, chain) in svc.chains {
-                wanted_chains
-                    .entry(id)
-                    .or_default()
-                    .insert(chain.name.clone());
+                // Kept to find the kernel's chains that nothing wants: a table
+                // it lacks has none, and a cold sync keeps no copy of 100k names.
+                if views.contains_key(&id) {
+                    wanted_chains
+                        .entry(id)
+                        .or_default()
+                        .insert(chain.name.clone());
+                }
                 if !plan_chain(&mut plan, id, chain, views.get(&id)) {
                     rebuild.insert(id);
                 }

@@ -10,6 +10,7 @@
 //! - A **document** that is YAML but not a valid object (a Service whose ports are
 //!   a number, say) is `Rejected` on its own; the rest of the file still loads.
 
+use super::store::{service_update, slice_update};
 use super::{list_updates, Update};
 use crate::core::convert::Objects;
 use crate::core::model::Rejected;
@@ -122,8 +123,8 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> Result<(), ManifestError> {
 /// list of each kind (files hold no ServiceCIDRs, so that list is empty), so
 /// that files and the API server reach the model the same way.
 pub fn updates(objects: Objects) -> impl Iterator<Item = Update> {
-    list_updates(objects.services, Update::Service)
-        .chain(list_updates(objects.slices, Update::Slice))
+    list_updates(objects.services, service_update)
+        .chain(list_updates(objects.slices, slice_update))
         .chain(list_updates(objects.nodes, Update::Node))
         .chain(list_updates(Vec::new(), Update::ServiceCidr))
 }

@@ -6,7 +6,7 @@
 //! is unreachable. Nothing here touches the rules: while the source is down, the
 //! proxy keeps serving what it has.
 
-use super::{list_watch, protobuf, Delta, Update};
+use super::{list_watch, protobuf, store, Delta, Update};
 use crate::core::model::{HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL};
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
@@ -97,7 +97,7 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                             protobuf::service,
                         ),
                         "Services",
-                        Update::Service,
+                        store::service_update,
                         tx.clone(),
                     ),
                     forward(
@@ -107,7 +107,7 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                             protobuf::endpoint_slice,
                         ),
                         "EndpointSlices",
-                        Update::Slice,
+                        store::slice_update,
                         tx.clone(),
                     ),
                     forward(

@@ -12,7 +12,6 @@ pub mod protobuf;
 pub mod store;
 
 use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 /// A change to one kind of object, as a watch reports it.
@@ -31,6 +30,20 @@ pub enum Delta<K> {
     Listed,
 }
 
+impl<K> Delta<K> {
+    /// The same change with each object made into another by `read`, told
+    /// whether the object is present (false: deleted).
+    pub fn map<T>(self, read: impl FnOnce(K, bool) -> T) -> Delta<T> {
+        match self {
+            Delta::Applied(o) => Delta::Applied(Box::new(read(*o, true))),
+            Delta::Deleted(o) => Delta::Deleted(Box::new(read(*o, false))),
+            Delta::ListStarted => Delta::ListStarted,
+            Delta::Listing(o) => Delta::Listing(Box::new(read(*o, true))),
+            Delta::Listed => Delta::Listed,
+        }
+    }
+}
+
 /// A complete list of one kind as the updates that carry it: its start, each
 /// object, its end. `wrap` is the kind's `Update` variant.
 pub fn list_updates<K>(
@@ -46,10 +59,13 @@ pub fn list_updates<K>(
         .chain(std::iter::once(wrap(Delta::Listed)))
 }
 
+/// Services and EndpointSlices arrive converted (`store::ServiceObject`,
+/// `store::SliceObject`: `store::service_update`, `store::slice_update`), by
+/// the thread that read them.
 #[derive(Debug, Clone)]
 pub enum Update {
-    Service(Delta<core::Service>),
-    Slice(Delta<discovery::EndpointSlice>),
+    Service(Delta<store::ServiceObject>),
+    Slice(Delta<store::SliceObject>),
     Node(Delta<core::Node>),
     ServiceCidr(Delta<ServiceCIDR>),
 }

@@ -103,13 +103,94 @@ fn object_id(meta: &ObjectMeta) -> (String, String) {
 
 fn service_key(meta: &ObjectMeta) -> ServiceKey {
     let (namespace, name) = object_id(meta);
-    ServiceKey { namespace, name }
+    ServiceKey {
+        namespace: namespace.into(),
+        name,
+    }
 }
 
 fn trigger_time(meta: &ObjectMeta) -> Option<SystemTime> {
     let text = meta.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION)?;
     let ts: k8s_openapi::jiff::Timestamp = text.parse().ok()?;
     Some(SystemTime::from(ts))
+}
+
+/// A Service as the store takes it: converted by the thread that read it. The
+/// API source reads on its own thread, and a list is 200k objects at 100k
+/// Services: made there and freed on the store's thread, they kept both
+/// threads in malloc's locks; now the API object is made, read and freed by
+/// one, and only the model's Service crosses.
+#[derive(Debug, Clone)]
+pub struct ServiceObject {
+    key: ServiceKey,
+    /// What it proxies: `None` for a Service deleted, not proxied or rejected.
+    converted: Option<Service>,
+    rejected: Option<Rejected>,
+    /// Values skipped in a Service that was kept (`convert_service`).
+    skipped_values: Vec<Rejected>,
+}
+
+impl ServiceObject {
+    pub fn read(svc: core::Service, present: bool) -> ServiceObject {
+        let key = service_key(&svc.metadata);
+        let mut object = ServiceObject {
+            key,
+            converted: None,
+            rejected: None,
+            skipped_values: Vec::new(),
+        };
+        if present {
+            match convert_service(&svc, &mut object.skipped_values) {
+                Ok(Converted::Valid(s)) => object.converted = Some(s),
+                Ok(Converted::Skipped(why)) => {
+                    tracing::debug!("Service {}: not proxied: {why:?}", object.key);
+                }
+                Err(r) => object.rejected = Some(r),
+            }
+        }
+        object
+    }
+}
+
+/// An EndpointSlice as the store takes it (`ServiceObject` says why).
+#[derive(Debug, Clone)]
+pub struct SliceObject {
+    /// Namespace and name.
+    id: (String, String),
+    /// `None` for a slice deleted, not proxied or rejected.
+    converted: Option<EndpointSlice>,
+    rejected: Option<Rejected>,
+    trigger_time: Option<SystemTime>,
+}
+
+impl SliceObject {
+    pub fn read(slice: discovery::EndpointSlice, present: bool) -> SliceObject {
+        let mut object = SliceObject {
+            id: object_id(&slice.metadata),
+            converted: None,
+            rejected: None,
+            trigger_time: None,
+        };
+        match present.then(|| convert_endpoint_slice(&slice)) {
+            Some(Ok(Converted::Valid(s))) => {
+                object.converted = Some(s);
+                object.trigger_time = trigger_time(&slice.metadata);
+            }
+            Some(Err(r)) => object.rejected = Some(r),
+            _ => {}
+        }
+        object
+    }
+}
+
+/// A change to a Service as the store's update (`Update::Service`).
+pub fn service_update(delta: Delta<core::Service>) -> Update {
+    Update::Service(delta.map(ServiceObject::read))
+}
+
+/// A change to an EndpointSlice as the store's update (`Update::Slice`).
+pub fn slice_update(delta: Delta<discovery::EndpointSlice>) -> Update {
+    Update::Slice(delta.map(SliceObject::read))
 }
 
 impl ClusterStore {
@@ -247,9 +328,9 @@ impl ClusterStore {
                 Delta::ListStarted => self.listing.services = Some(BTreeSet::new()),
                 Delta::Listing(svc) => {
                     if let Some(seen) = &mut self.listing.services {
-                        seen.insert(service_key(&svc.metadata));
+                        seen.insert(svc.key.clone());
                     }
-                    self.apply_service(&svc, true, &mut out);
+                    self.apply_service(*svc, &mut out);
                 }
                 Delta::Listed => {
                     let seen = self.listing.services.take();
@@ -258,16 +339,15 @@ impl ClusterStore {
                     }
                     self.listed.insert(Kind::Service);
                 }
-                Delta::Applied(svc) => self.apply_service(&svc, true, &mut out),
-                Delta::Deleted(svc) => self.apply_service(&svc, false, &mut out),
+                Delta::Applied(svc) | Delta::Deleted(svc) => self.apply_service(*svc, &mut out),
             },
             Update::Slice(delta) => match delta {
                 Delta::ListStarted => self.listing.slices = Some(BTreeSet::new()),
                 Delta::Listing(slice) => {
                     if let Some(seen) = &mut self.listing.slices {
-                        seen.insert(object_id(&slice.metadata));
+                        seen.insert(slice.id.clone());
                     }
-                    self.apply_slice(&slice, true, &mut out);
+                    self.apply_slice(*slice, &mut out);
                 }
                 Delta::Listed => {
                     let seen = self.listing.slices.take();
@@ -276,8 +356,7 @@ impl ClusterStore {
                     }
                     self.listed.insert(Kind::Slice);
                 }
-                Delta::Applied(slice) => self.apply_slice(&slice, true, &mut out),
-                Delta::Deleted(slice) => self.apply_slice(&slice, false, &mut out),
+                Delta::Applied(slice) | Delta::Deleted(slice) => self.apply_slice(*slice, &mut out),
             },
             Update::Node(delta) => {
                 let mine = |n: &core::Node| n.metadata.name.as_deref() == Some(&self.node_name);
@@ -328,40 +407,17 @@ impl ClusterStore {
         out
     }
 
-    fn apply_service(&mut self, svc: &core::Service, present: bool, out: &mut UpdateOutcome) {
-        let key = service_key(&svc.metadata);
-        let converted = if present {
-            match convert_service(svc, &mut out.skipped_values) {
-                Ok(Converted::Valid(s)) => Some(s),
-                Ok(Converted::Skipped(why)) => {
-                    tracing::debug!("Service {key}: not proxied: {why:?}");
-                    None
-                }
-                Err(r) => {
-                    out.rejected.push(r);
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        out.service_changes += self.set_service(&key, converted) as usize;
+    fn apply_service(&mut self, svc: ServiceObject, out: &mut UpdateOutcome) {
+        out.rejected.extend(svc.rejected);
+        out.skipped_values.extend(svc.skipped_values);
+        out.service_changes += self.set_service(&svc.key, svc.converted) as usize;
     }
 
-    fn apply_slice(
-        &mut self,
-        slice: &discovery::EndpointSlice,
-        present: bool,
-        out: &mut UpdateOutcome,
-    ) {
-        let id = object_id(&slice.metadata);
-        let converted = match present.then(|| convert_endpoint_slice(slice)) {
-            Some(Ok(Converted::Valid(s))) => s,
-            Some(Err(r)) => {
-                out.rejected.push(r);
-                return self.remove_slice(&id, out);
-            }
-            _ => return self.remove_slice(&id, out),
+    fn apply_slice(&mut self, slice: SliceObject, out: &mut UpdateOutcome) {
+        let id = slice.id;
+        out.rejected.extend(slice.rejected);
+        let Some(converted) = slice.converted else {
+            return self.remove_slice(&id, out);
         };
         let owner = converted.service.clone();
         let converted_family = converted.family;
@@ -371,7 +427,7 @@ impl ClusterStore {
         self.slice_owners.insert(id.clone(), owner.clone());
         if self.set_slice(&owner, &id.1, Some(converted)) {
             out.endpoint_changes += 1;
-            if let Some(t) = trigger_time(&slice.metadata) {
+            if let Some(t) = slice.trigger_time {
                 let family = converted_family;
                 let earliest = self.triggers.entry((owner, family)).or_insert(t);
                 *earliest = (*earliest).min(t);
@@ -468,7 +524,7 @@ mod tests {
             &mut store,
             list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-                Update::Service,
+                service_update,
             )
             .collect(),
         );
@@ -477,10 +533,7 @@ mod tests {
             !store.synced(),
             "slices, nodes and ServiceCIDRs are not listed yet"
         );
-        apply_all(
-            &mut store,
-            list_updates(Vec::new(), Update::Slice).collect(),
-        );
+        apply_all(&mut store, list_updates(Vec::new(), slice_update).collect());
         apply_all(&mut store, list_updates(Vec::new(), Update::Node).collect());
         apply_all(
             &mut store,
@@ -499,7 +552,7 @@ mod tests {
             &mut store,
             list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-                Update::Service,
+                service_update,
             )
             .collect(),
         );
@@ -509,14 +562,14 @@ mod tests {
             &mut store,
             list_updates(
                 vec![service("a", "10.96.0.1"), service("b", "10.96.0.2")],
-                Update::Service,
+                service_update,
             )
             .collect(),
         );
         assert!(store.take_changes().services.is_empty());
         // A relist without b and with a changed: a changes at once, b goes at the end.
-        store.apply(Update::Service(Delta::ListStarted));
-        store.apply(Update::Service(Delta::Listing(Box::new(service(
+        store.apply(service_update(Delta::ListStarted));
+        store.apply(service_update(Delta::Listing(Box::new(service(
             "a",
             "10.96.0.9",
         )))));
@@ -525,7 +578,7 @@ mod tests {
             ["a", "b"],
             "nothing is deleted before the list ends"
         );
-        let out = store.apply(Update::Service(Delta::Listed));
+        let out = store.apply(service_update(Delta::Listed));
         assert_eq!(out.service_changes, 1);
         assert_eq!(names(&store), ["a"]);
         let changed: Vec<String> = store
@@ -550,11 +603,11 @@ mod tests {
             .unwrap()
         };
         let mut store = ClusterStore::new("node-a");
-        store.apply(Update::Service(Delta::Applied(Box::new(service(
+        store.apply(service_update(Delta::Applied(Box::new(service(
             "a",
             "10.96.0.1",
         )))));
-        store.apply(Update::Slice(Delta::Applied(Box::new(slice("")))));
+        store.apply(slice_update(Delta::Applied(Box::new(slice("")))));
         let endpoints = |store: &ClusterStore| {
             store
                 .state()
@@ -565,7 +618,7 @@ mod tests {
                 .sum::<usize>()
         };
         assert_eq!(endpoints(&store), 1);
-        let out = store.apply(Update::Slice(Delta::Applied(Box::new(slice(
+        let out = store.apply(slice_update(Delta::Applied(Box::new(slice(
             ", service.kubernetes.io/headless: ''",
         )))));
         assert_eq!(out.endpoint_changes, 1);

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 
 pub fn node_config() -> NodeConfig {
     NodeConfig {
-        cluster_cidrs: vec!["10.128.0.0/9".parse().unwrap()],
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap()],
         service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
         masquerade_bit: 14,
         ..NodeConfig::default()
@@ -31,6 +31,8 @@ pub fn vip(i: usize) -> IpAddr {
     IpAddr::from((0x0a60_0000u32 + 1 + i as u32).to_be_bytes())
 }
 
+/// The synthetic cluster's pods, from `FIRST_ENDPOINT` on.
+pub const CLUSTER_CIDR: &str = "10.128.0.0/9";
 const FIRST_ENDPOINT: u32 = 0x0a80_0000;
 
 pub fn endpoint_addr(n: usize) -> IpAddr {
@@ -93,11 +95,16 @@ const NODES: u32 = 100;
 pub const THIS_NODE: &str = "node-00";
 
 pub fn node_of(addr: IpAddr) -> String {
+    format!("node-{:02}", node_number(addr))
+}
+
+/// Which of the `NODES` nodes the pod at `addr` runs on (0 to 99).
+pub fn node_number(addr: IpAddr) -> u32 {
     let n = match addr {
         IpAddr::V4(a) => u32::from(a).wrapping_sub(FIRST_ENDPOINT),
         IpAddr::V6(a) => u128::from(a) as u32,
     };
-    format!("node-{:02}", n % NODES)
+    n % NODES
 }
 
 pub fn ready(addr: IpAddr) -> Endpoint {
