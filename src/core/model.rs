@@ -237,18 +237,6 @@ impl From<String> for Name {
     }
 }
 
-impl PartialEq<str> for Name {
-    fn eq(&self, other: &str) -> bool {
-        **self == *other
-    }
-}
-
-impl PartialEq<&str> for Name {
-    fn eq(&self, other: &&str) -> bool {
-        **self == **other
-    }
-}
-
 /// Names interned, and how many there were when those nobody held were last
 /// let go.
 #[derive(Default)]
