@@ -206,7 +206,20 @@ fn services_from_the_api_server_take_effect_and_drops_410s_and_outages_change_no
             .collect();
         assert!(of.len() >= 2, "a list and a watch of {path}: {all:?}");
         assert!(of.iter().all(|r| selected(r) == want), "{path}: {of:?}");
+        // Services and EndpointSlices: a stream of the initial state is asked
+        // for once, refused by this server (as with WatchList off), and listed.
+        let streamed = of.iter().filter(|r| r.contains("sendInitialEvents=true"));
+        assert_eq!(streamed.count(), usize::from(want), "{path}: {of:?}");
+        if want {
+            assert!(of[0].contains("sendInitialEvents=true"), "{path}: {of:?}");
+        }
     }
+    assert_eq!(
+        d.log_text().matches("does not stream the").count(),
+        2,
+        "{}",
+        d.log_text()
+    );
 
     // A dropped watch resumes from the last resourceVersion: no relist, no sync.
     let ruleset = nft_list(c.node());

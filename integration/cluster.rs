@@ -167,10 +167,19 @@ fn with_a_real_control_plane_a_service_cidr_added_at_run_time_is_served_and_guar
 fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
     let s = Serving::new("kcr", "kc3");
     let (c, cp, vip) = (&s.c, &s.cp, s.vip());
-    let mut first = s.daemonset("kube-nft-1.log");
+    // The first lists, as client-go does with WatchList off; the second streams.
+    let off = [("KUBE_FEATURE_WatchListClient", "false")];
+    let mut first = s.daemonset_with("kube-nft-1.log", &off);
     wait_until(Duration::from_secs(30), "the ClusterIP to answer", || {
         answers(c.client(), &vip)
     });
+    let log = first.log_text();
+    for kind in ["services", "endpointslices"] {
+        assert!(
+            log.contains(&format!(" {kind} (protobuf)")),
+            "{kind} not listed in protobuf:\n{log}"
+        );
+    }
 
     let target: SocketAddr = vip.parse().unwrap();
     let mut held = kube_nft::testbed::netns::in_netns(c.client(), move || {
@@ -188,11 +197,11 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
         log.contains("kind=Full") && log.contains("messages=0 bytes=0"),
         "the restart wrote something:\n{log}"
     );
-    // The two kinds that grow with the cluster are listed in protobuf.
+    // The two kinds that grow with the cluster are streamed in protobuf.
     for kind in ["services", "endpointslices"] {
         assert!(
-            log.contains(&format!(" {kind} (protobuf)")),
-            "{kind} not listed in protobuf:\n{log}"
+            log.contains(&format!(" {kind} (streamed, protobuf)")),
+            "{kind} not streamed in protobuf:\n{log}"
         );
     }
     held.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -238,16 +247,16 @@ fn with_a_real_control_plane_restarts_and_a_compacted_history_change_no_rule() {
     );
     let since = second.log_text()[log_before..].to_string();
     // Which kinds meet the 410 depends on where each watch stood; a relist of
-    // Services or EndpointSlices, when there is one, is read in protobuf.
+    // Services or EndpointSlices, when there is one, is streamed in protobuf.
     for (kind, listed) in [
         ("Services", "services"),
         ("EndpointSlices", "endpointslices"),
     ] {
         if since.contains(&format!("relisting {kind}:")) {
-            let line = format!(" {listed} (protobuf)");
+            let line = format!(" {listed} (streamed, protobuf)");
             wait_until(
                 Duration::from_secs(30),
-                &format!("the relist of {kind} to end, read in protobuf"),
+                &format!("the relist of {kind} to end, streamed in protobuf"),
                 || second.log_text()[log_before..].contains(&line),
             );
         }

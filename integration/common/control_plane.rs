@@ -108,8 +108,20 @@ impl ControlPlane {
 
     /// kube-nft in `netns` as the DaemonSet runs it, until dropped.
     pub fn daemonset(&self, netns: &str, node: &str, log: PathBuf) -> Daemon {
+        self.daemonset_with(netns, node, log, &[])
+    }
+
+    /// `daemonset`, with these variables in kube-nft's environment.
+    pub fn daemonset_with(
+        &self,
+        netns: &str,
+        node: &str,
+        log: PathBuf,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut command = script(&self.prefix);
         command.args(["daemonset", self.dir(), netns, node]);
+        command.envs(env.iter().copied());
         Daemon::spawn_command(command, log)
     }
 }
@@ -155,8 +167,12 @@ impl Serving {
     }
 
     pub fn daemonset(&self, log: &str) -> Daemon {
-        self.cp
-            .daemonset(self.c.node(), "node-a", self.c.scratch.0.join(log))
+        self.daemonset_with(log, &[])
+    }
+
+    pub fn daemonset_with(&self, log: &str, env: &[(&str, &str)]) -> Daemon {
+        let log = self.c.scratch.0.join(log);
+        self.cp.daemonset_with(self.c.node(), "node-a", log, env)
     }
 }
 

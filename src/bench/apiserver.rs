@@ -13,7 +13,10 @@
 //!
 //! It stays a fake for what a real API server cannot be made to do on demand
 //! here: replay a recorded stream, drop watches, expire history at a chosen
-//! moment, go down and come back.
+//! moment, go down and come back. It does not stream initial states
+//! (`sendInitialEvents`): it refuses them as a kube-apiserver with the WatchList
+//! feature off does, so that the daemon lists; the streams are read from real
+//! kube-apiservers.
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -319,6 +322,12 @@ fn handle(conn: TcpStream, state: &Mutex<State>) {
         return respond(conn, "404 Not Found", &status.to_string());
     };
     let watching = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
+    if watching && params.contains_key("sendInitialEvents") {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            "reason": "Invalid", "code": 422});
+        return respond(conn, "422 Unprocessable Entity", &status.to_string());
+    }
     if watching {
         watch(conn, state, kind, &params)
     } else {

@@ -89,12 +89,14 @@ pub fn spawn<T: From<Update> + Send + 'static>(
             runtime.block_on(async move {
                 let fields = watcher::Config::default();
                 let proxied = fields.clone().labels(&proxied_selector());
+                let stream_lists = stream_lists() && knows_watch_list(&client).await;
                 tokio::join!(
                     forward(
                         list_watch::watcher::<core::Service>(
                             client.clone(),
                             proxied.clone(),
                             protobuf::service,
+                            stream_lists,
                         ),
                         "Services",
                         store::service_update,
@@ -105,6 +107,7 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                             client.clone(),
                             proxied,
                             protobuf::endpoint_slice,
+                            stream_lists,
                         ),
                         "EndpointSlices",
                         store::slice_update,
@@ -130,6 +133,41 @@ pub fn spawn<T: From<Update> + Send + 'static>(
         })
         .map_err(|e| format!("starting the watch thread: {e}"))?;
     Ok(())
+}
+
+/// Whether to stream the initial state of Services and EndpointSlices: yes,
+/// unless `KUBE_FEATURE_WatchListClient` says false, the switch client-go
+/// reads (kube-proxy's, for the same feature).
+fn stream_lists() -> bool {
+    let value = std::env::var("KUBE_FEATURE_WatchListClient").ok();
+    let on = value
+        .as_deref()
+        .is_none_or(|v| !v.eq_ignore_ascii_case("false"));
+    if !on {
+        tracing::info!("KUBE_FEATURE_WatchListClient=false: listing Services and EndpointSlices");
+    }
+    on
+}
+
+/// Whether the API server knows `sendInitialEvents` (1.27 and later): one
+/// before it would ignore the parameter and never send the closing bookmark,
+/// and the stream would be waited on until the watch's timeout. One not yet
+/// reachable is taken to know it; one that knows it but has it off refuses it,
+/// which `list_watch` handles.
+async fn knows_watch_list(client: &kube::Client) -> bool {
+    let Ok(info) = client.apiserver_version().await else {
+        return true;
+    };
+    let minor = info.minor.trim_end_matches('+').parse::<u32>();
+    let knows = info.major != "1" || minor.map_or(true, |m| m >= 27);
+    if !knows {
+        tracing::info!(
+            "the API server is {}.{}, older than 1.27: listing Services and EndpointSlices",
+            info.major,
+            info.minor
+        );
+    }
+    knows
 }
 
 /// kube-proxy's informers' label selector, for Services and EndpointSlices

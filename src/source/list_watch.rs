@@ -1,24 +1,29 @@
-//! List-then-watch for the two kinds that grow with the cluster, Services and
-//! EndpointSlices: the list whole, in protobuf, read object by object as it
-//! arrives (`super::protobuf::ListReader`); then a watch from the list's
-//! resourceVersion, as kube-rs's watcher does it.
+//! The watchers of the two kinds that grow with the cluster, Services and
+//! EndpointSlices, in protobuf, as kube-proxy's informers watch them.
+//!
+//! The initial state is streamed where the API server offers it (WatchList,
+//! KEP-3157: a watch with `sendInitialEvents`, whose objects come from the
+//! watch cache one event at a time, ended by a bookmark), as client-go does
+//! since 1.35; where it does not, or the stream fails before its end, the
+//! list is asked for whole, in protobuf, and read object by object as it
+//! arrives (`super::protobuf::ListReader`), then watched from its
+//! resourceVersion. Either way neither the bytes nor the objects of the
+//! initial state are ever held whole. `KUBE_FEATURE_WatchListClient=false`
+//! turns streaming off, as it does for client-go.
 //!
 //! Why not kube-rs's watcher, which lists in JSON pages of 500: at 100k
 //! Services the API server spent 5.7 s of CPU on the 200 pages of Services
 //! (each page walks its cache), and 0.4 s on the same list whole in protobuf
-//! (docs/BENCHMARKS.md). A whole list in JSON would have to be held whole to be
-//! decoded; in protobuf each object is read and handed on as soon as its bytes
-//! are in. The watch stays JSON: its events come one object at a time, and
-//! kube-rs resumes and decodes them. The events and errors are kube-rs's own,
-//! so that `super::kubernetes::forward` treats this stream and kube-rs's alike.
+//! (docs/BENCHMARKS.md). The events and errors are kube-rs's own, so that
+//! `super::kubernetes::forward` treats this stream and kube-rs's alike.
 //!
-//! As client-go's reflector (kube-proxy's), the first list is served from the
+//! As client-go's reflector (kube-proxy's), a first list is served from the
 //! API server's cache (resourceVersion 0); after a watch that could not resume
 //! (410 Gone) the relist is a consistent one.
 
-use super::protobuf::{self, ListReader};
-use futures_util::stream::BoxStream;
-use futures_util::{Stream, StreamExt};
+use super::protobuf::{self, ListReader, WatchReader};
+use super::watch_body::{idle_limited, invalid, WatchBody};
+use futures_util::Stream;
 use http_body_util::BodyExt;
 use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
 use kube::core::Status;
@@ -27,13 +32,12 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use std::collections::VecDeque;
 use std::fmt::Debug;
-use std::future::Future;
 
 /// Decodes one object of a protobuf list.
 pub type DecodeItem<K> = fn(&[u8]) -> Result<K, protobuf::DecodeError>;
 
 /// Which list to ask for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Since {
     /// Whatever the API server's cache holds (resourceVersion 0): the first list.
     Cache,
@@ -54,8 +58,16 @@ enum Reading<K> {
 
 /// The watcher's state between two events.
 enum State<K> {
-    /// Next: a list.
-    Empty { since: Since },
+    /// Next: the initial state, streamed if `stream` (and the server offers
+    /// it), else listed.
+    Empty { since: Since, stream: bool },
+    /// The initial state streaming: its response once asked for, and the
+    /// objects read so far; `since`, for a list if the stream fails.
+    Streaming {
+        since: Since,
+        body: Option<WatchBody<K>>,
+        objects: usize,
+    },
     /// Listing: the response in hand (if any), then the next page while the
     /// list has a continue token, then `InitDone`.
     Paging(Listing<K>),
@@ -63,7 +75,7 @@ enum State<K> {
     Listed { resource_version: String },
     Watching {
         resource_version: String,
-        stream: BoxStream<'static, kube::Result<WatchEvent<K>>>,
+        body: WatchBody<K>,
     },
 }
 
@@ -84,15 +96,20 @@ struct Kind<K> {
     api: Api<K>,
     config: watcher::Config,
     decode: DecodeItem<K>,
+    /// Whether to ask for the initial state as a stream: until the server
+    /// refuses it.
+    stream_lists: bool,
 }
 
 type Step<K> = (Option<Result<Event<K>, watcher::Error>>, State<K>);
 
-/// kube-rs's `watcher(Api::all(client), config)`, with the list read in protobuf.
+/// kube-rs's `watcher(Api::all(client), config)`, in protobuf, its initial
+/// state streamed if `stream_lists`.
 pub fn watcher<K>(
     client: Client,
     config: watcher::Config,
     decode: DecodeItem<K>,
+    stream_lists: bool,
 ) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -102,13 +119,15 @@ where
         client,
         config,
         decode,
+        stream_lists,
     };
     let first = State::Empty {
         since: Since::Cache,
+        stream: true,
     };
-    futures_util::stream::unfold((kind, first), |(kind, mut state)| async move {
+    futures_util::stream::unfold((kind, first), |(mut kind, mut state)| async move {
         loop {
-            let (event, next) = step(&kind, state).await;
+            let (event, next) = step(&mut kind, state).await;
             state = next;
             if let Some(event) = event {
                 return Some((event, (kind, state)));
@@ -118,52 +137,56 @@ where
 }
 
 /// One step: maybe an event, and the state after it.
-async fn step<K>(kind: &Kind<K>, state: State<K>) -> Step<K>
+async fn step<K>(kind: &mut Kind<K>, state: State<K>) -> Step<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     match state {
-        State::Empty { since } => (
+        State::Empty { since, stream } => (
             Some(Ok(Event::Init)),
-            State::Paging(Listing {
-                since,
-                reading: None,
-                continue_token: None,
-                resource_version: None,
-                objects: 0,
-                encoding: "protobuf",
-            }),
+            if stream && kind.stream_lists {
+                State::Streaming {
+                    since,
+                    body: None,
+                    objects: 0,
+                }
+            } else {
+                State::Paging(Listing {
+                    since,
+                    reading: None,
+                    continue_token: None,
+                    resource_version: None,
+                    objects: 0,
+                    encoding: "protobuf",
+                })
+            },
         ),
+        State::Streaming {
+            since,
+            body,
+            objects,
+        } => stream_initial(kind, since, body, objects).await,
         State::Paging(listing) => page(kind, listing).await,
-        State::Listed { resource_version } => {
-            let params = WatchParams {
-                label_selector: kind.config.label_selector.clone(),
-                field_selector: kind.config.field_selector.clone(),
-                timeout: kind.config.timeout,
-                bookmarks: kind.config.bookmarks,
-                send_initial_events: false,
-            };
-            match kind.api.watch(&params, &resource_version).await {
-                Ok(stream) => (
-                    None,
-                    State::Watching {
-                        resource_version,
-                        stream: stream.boxed(),
-                    },
-                ),
-                Err(e) => (
-                    Some(Err(watcher::Error::WatchStartFailed(e))),
-                    State::Listed { resource_version },
-                ),
-            }
-        }
+        State::Listed { resource_version } => match watch(kind, &resource_version, false).await {
+            Ok(body) => (
+                None,
+                State::Watching {
+                    resource_version,
+                    body,
+                },
+            ),
+            Err(e) => (
+                Some(Err(watcher::Error::WatchStartFailed(e))),
+                State::Listed { resource_version },
+            ),
+        },
         State::Watching {
             resource_version,
-            mut stream,
+            mut body,
         } => {
-            let watching = |resource_version, stream| State::Watching {
+            let watching = |resource_version, body| State::Watching {
                 resource_version,
-                stream,
+                body,
             };
             // An object's event moves the watch on to its resourceVersion.
             let seen = |obj: &K, resource_version| {
@@ -172,32 +195,33 @@ where
                     .clone()
                     .unwrap_or(resource_version)
             };
-            match idle_limited(&kind.config, stream.next()).await.flatten() {
+            match body.next(&kind.config).await {
                 Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
                     let rv = seen(&obj, resource_version);
-                    (Some(Ok(Event::Apply(obj))), watching(rv, stream))
+                    (Some(Ok(Event::Apply(obj))), watching(rv, body))
                 }
                 Some(Ok(WatchEvent::Deleted(obj))) => {
                     let rv = seen(&obj, resource_version);
-                    (Some(Ok(Event::Delete(obj))), watching(rv, stream))
+                    (Some(Ok(Event::Delete(obj))), watching(rv, body))
                 }
                 Some(Ok(WatchEvent::Bookmark(bookmark))) => {
-                    (None, watching(bookmark.metadata.resource_version, stream))
+                    (None, watching(bookmark.metadata.resource_version, body))
                 }
                 // 410 Gone: the watch cannot resume from here; list again.
                 Some(Ok(WatchEvent::Error(status))) if status.code == 410 => (
-                    Some(Err(watcher::Error::WatchError(status.boxed()))),
+                    Some(Err(watcher::Error::WatchError(status))),
                     State::Empty {
                         since: Since::Latest,
+                        stream: true,
                     },
                 ),
                 Some(Ok(WatchEvent::Error(status))) => (
-                    Some(Err(watcher::Error::WatchError(status.boxed()))),
-                    watching(resource_version, stream),
+                    Some(Err(watcher::Error::WatchError(status))),
+                    watching(resource_version, body),
                 ),
                 Some(Err(e)) => (
                     Some(Err(watcher::Error::WatchFailed(e))),
-                    watching(resource_version, stream),
+                    watching(resource_version, body),
                 ),
                 // The server ended the watch (its timeout), or the connection
                 // went silent for longer: watch again from here.
@@ -205,6 +229,152 @@ where
             }
         }
     }
+}
+
+/// The annotation of the bookmark that ends a streamed initial state.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// The next object of the initial state's stream, asking for it first; at its
+/// closing bookmark `InitDone`, and the same stream goes on as the watch.
+///
+/// As client-go's reflector: a stream that fails before its end is followed by
+/// a list, at once; a server that refuses to stream (the WatchList feature
+/// off: 400 or 422) is not asked again. One that cannot be reached is asked
+/// again after the caller's backoff, as after a failed list.
+async fn stream_initial<K>(
+    kind: &mut Kind<K>,
+    since: Since,
+    body: Option<WatchBody<K>>,
+    mut objects: usize,
+) -> Step<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    // Next, a list: its own `Init` starts the initial state again.
+    let list = |since| {
+        (
+            None,
+            State::Empty {
+                since,
+                stream: false,
+            },
+        )
+    };
+    let list_instead = move |why: String| {
+        let plural = K::plural(&());
+        tracing::warn!("streaming the {plural}: {why}; listing them instead");
+        list(since)
+    };
+    let mut body = match body {
+        Some(body) => body,
+        None => {
+            return match watch(kind, "", true).await {
+                Ok(body) => (
+                    None,
+                    State::Streaming {
+                        since,
+                        body: Some(body),
+                        objects,
+                    },
+                ),
+                Err(kube::Error::Api(status)) if matches!(status.code, 400 | 422) => {
+                    tracing::info!(
+                        "the API server does not stream the {} ({}); listing them",
+                        K::plural(&()),
+                        status.message
+                    );
+                    kind.stream_lists = false;
+                    list(since)
+                }
+                // Unreachable, or failing: as a list that failed, retried
+                // with backoff by the caller, a stream again.
+                Err(e) => (
+                    Some(Err(watcher::Error::InitialListFailed(e))),
+                    State::Empty {
+                        since,
+                        stream: true,
+                    },
+                ),
+            };
+        }
+    };
+    match body.next(&kind.config).await {
+        Some(Ok(WatchEvent::Added(obj) | WatchEvent::Modified(obj))) => {
+            objects += 1;
+            (
+                Some(Ok(Event::InitApply(obj))),
+                State::Streaming {
+                    since,
+                    body: Some(body),
+                    objects,
+                },
+            )
+        }
+        Some(Ok(WatchEvent::Bookmark(bookmark))) => {
+            let end = bookmark.metadata.annotations.get(INITIAL_EVENTS_END);
+            if end.map(String::as_str) != Some("true") {
+                return (
+                    None,
+                    State::Streaming {
+                        since,
+                        body: Some(body),
+                        objects,
+                    },
+                );
+            }
+            let encoding = match body {
+                WatchBody::Json { .. } => "JSON",
+                _ => "protobuf",
+            };
+            tracing::info!("listed {objects} {} (streamed, {encoding})", K::plural(&()));
+            (
+                Some(Ok(Event::InitDone)),
+                State::Watching {
+                    resource_version: bookmark.metadata.resource_version,
+                    body,
+                },
+            )
+        }
+        Some(Ok(WatchEvent::Deleted(_))) => list_instead("a deletion before the end".into()),
+        Some(Ok(WatchEvent::Error(status))) => list_instead(status.message),
+        Some(Err(e)) => list_instead(e.to_string()),
+        None => list_instead("it ended before its closing bookmark".into()),
+    }
+}
+
+/// Opens a watch from `resource_version`; with `initial`, one that first
+/// streams the state at the newest resourceVersion (which `""` asks for).
+async fn watch<K>(
+    kind: &Kind<K>,
+    resource_version: &str,
+    initial: bool,
+) -> kube::Result<WatchBody<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let params = WatchParams {
+        label_selector: kind.config.label_selector.clone(),
+        field_selector: kind.config.field_selector.clone(),
+        timeout: kind.config.timeout,
+        bookmarks: kind.config.bookmarks || initial,
+        send_initial_events: initial,
+    };
+    let request = kube::core::Request::new(kind.api.resource_url())
+        .watch(&params, resource_version)
+        .map_err(kube::Error::BuildRequest)?;
+    let (body, is_protobuf) = send(kind, request).await?;
+    Ok(if is_protobuf {
+        WatchBody::Protobuf {
+            body,
+            reader: WatchReader::new(kind.decode),
+        }
+    } else {
+        WatchBody::Json {
+            body,
+            buf: Vec::new(),
+            pos: 0,
+        }
+    })
 }
 
 /// The next object of the list under way, reading or asking for more as needed;
@@ -222,7 +392,10 @@ where
         };
         (
             Some(Err(watcher::Error::InitialListFailed(e))),
-            State::Empty { since },
+            State::Empty {
+                since,
+                stream: true,
+            },
         )
     };
     let object = |mut l: Listing<K>, obj: K| {
@@ -311,32 +484,14 @@ where
     }
 }
 
-/// How long a watch or a list's response may stay silent before its
-/// connection is taken for dead: the server's watch timeout (kube-rs's default,
-/// 290 s) and 5 s, as kube-rs's watcher waits. The client sets no read timeout,
-/// and a half-open connection would otherwise be waited on for ever.
-async fn idle_limited<T>(config: &watcher::Config, next: impl Future<Output = T>) -> Option<T> {
-    let server = u64::from(config.timeout.unwrap_or(290));
-    let limit = std::time::Duration::from_secs(server + 5);
-    match tokio::time::timeout(limit, next).await {
-        Ok(item) => Some(item),
-        Err(_) => {
-            tracing::info!("no word from the API server in {limit:?}; reconnecting");
-            None
-        }
-    }
-}
-
 fn no_resource_version<K>(since: Since) -> Step<K> {
     (
         Some(Err(watcher::Error::NoResourceVersion)),
-        State::Empty { since },
+        State::Empty {
+            since,
+            stream: true,
+        },
     )
-}
-
-/// A decoding error, as kube-rs reports a body it cannot read.
-fn invalid(e: protobuf::DecodeError) -> kube::Error {
-    kube::Error::ReadEvents(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 /// What a list request brought: a body to read, or a JSON list read whole.
@@ -345,7 +500,8 @@ enum Requested<K: Clone> {
     Json(ObjectList<K>),
 }
 
-/// Protobuf first; JSON where the server cannot (as client-go asks).
+/// Protobuf first; JSON where the server cannot (as client-go asks). A watch
+/// is answered in the same type, framed (`;stream=watch`).
 const ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
 
 /// Asks for a list, or its next page. No page size: the API server's cache
@@ -371,9 +527,25 @@ where
         None if *since == Since::Cache => params = params.match_any(),
         None => {}
     }
-    let mut request = kube::core::Request::new(kind.api.resource_url())
+    let request = kube::core::Request::new(kind.api.resource_url())
         .list(&params)
         .map_err(kube::Error::BuildRequest)?;
+    let (body, is_protobuf) = send(kind, request).await?;
+    if is_protobuf {
+        let reader = ListReader::new(kind.decode);
+        return Ok(Requested::Protobuf(Reading::Protobuf { body, reader }));
+    }
+    let body = body.collect_bytes().await?;
+    let list = serde_json::from_slice(&body).map_err(kube::Error::SerdeError)?;
+    Ok(Requested::Json(list))
+}
+
+/// Sends a list or watch request asking for protobuf: the body of a success,
+/// and whether it is protobuf; the server's Status of a failure.
+async fn send<K>(
+    kind: &Kind<K>,
+    mut request: http::Request<Vec<u8>>,
+) -> kube::Result<(kube::client::Body, bool)> {
     request
         .headers_mut()
         .insert(http::header::ACCEPT, http::HeaderValue::from_static(ACCEPT));
@@ -396,13 +568,7 @@ where
             is_protobuf,
         ))));
     }
-    if is_protobuf {
-        let reader = ListReader::new(kind.decode);
-        return Ok(Requested::Protobuf(Reading::Protobuf { body, reader }));
-    }
-    let body = body.collect_bytes().await?;
-    let list = serde_json::from_slice(&body).map_err(kube::Error::SerdeError)?;
-    Ok(Requested::Json(list))
+    Ok((body, is_protobuf))
 }
 
 /// The API server's Status of a failed request, in either encoding; the HTTP

@@ -10,6 +10,7 @@ pub mod kubernetes;
 pub mod list_watch;
 pub mod protobuf;
 pub mod store;
+pub mod watch_body;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1::ServiceCIDR;

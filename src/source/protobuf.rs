@@ -19,6 +19,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::core::watch::{Bookmark, BookmarkMeta};
+use kube::core::{TypeMeta, WatchEvent};
 use std::collections::BTreeMap;
 
 /// The media type to ask for.
@@ -644,6 +646,110 @@ impl<K> ListReader<K> {
     }
 }
 
+/// Reads a watch's body as it arrives (`;stream=watch`): each event a frame of
+/// a 4-byte big-endian length and a `metav1.WatchEvent` (type 1; object 2, a
+/// `RawExtension` whose raw 1 is the object in its envelope, as a body is).
+/// A bookmark's object is one of the kind's, with only its resourceVersion and
+/// annotations; an error's is a Status.
+pub struct WatchReader<K> {
+    buf: Vec<u8>,
+    pos: usize,
+    item: fn(&[u8]) -> Result<K>,
+}
+
+/// The largest event read. The API server's own limit on an object is 1.5 MiB
+/// in etcd, its request limit 3 MiB; a length above this is a corrupt stream,
+/// not an object to wait for.
+const MAX_EVENT: usize = 64 << 20;
+
+impl<K: kube::Resource> WatchReader<K> {
+    pub fn new(item: fn(&[u8]) -> Result<K>) -> Self {
+        WatchReader {
+            buf: Vec::new(),
+            pos: 0,
+            item,
+        }
+    }
+
+    /// Takes the next bytes of the body.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.pos >= COMPACT_AT || self.pos == self.buf.len() {
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next event, or `None` until more of the body has been fed.
+    pub fn next_event(&mut self) -> Result<Option<WatchEvent<K>>> {
+        let rest = &self.buf[self.pos..];
+        let Some(len) = rest.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes(*len) as usize;
+        if len > MAX_EVENT {
+            return Err(error(format!("a watch event of {len} bytes")));
+        }
+        let Some(frame) = rest.get(4..4 + len) else {
+            return Ok(None);
+        };
+        self.pos += 4 + len;
+        let (kind, object) = watch_event(frame)?;
+        let event = match kind.as_str() {
+            "ADDED" => WatchEvent::Added((self.item)(unwrap(object)?)?),
+            "MODIFIED" => WatchEvent::Modified((self.item)(unwrap(object)?)?),
+            "DELETED" => WatchEvent::Deleted((self.item)(unwrap(object)?)?),
+            "BOOKMARK" => {
+                let mut obj = (self.item)(unwrap(object)?)?;
+                let meta = obj.meta_mut();
+                WatchEvent::Bookmark(Bookmark {
+                    types: TypeMeta::default(),
+                    metadata: BookmarkMeta {
+                        resource_version: meta.resource_version.take().unwrap_or_default(),
+                        annotations: meta.annotations.take().unwrap_or_default(),
+                    },
+                })
+            }
+            "ERROR" => WatchEvent::Error(Box::new(status(object)?)),
+            other => return Err(error(format!("a watch event of type {other:?}"))),
+        };
+        Ok(Some(event))
+    }
+
+    /// At the body's end: an error if it ends inside an event.
+    pub fn finish(&self) -> Result<()> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(error("the watch ends inside an event"))
+        }
+    }
+}
+
+/// A `metav1.WatchEvent`: its type, and its object still in its envelope.
+fn watch_event(buf: &[u8]) -> Result<(String, &[u8])> {
+    let (mut kind, mut object) = (String::new(), None);
+    message(buf, |n, v| {
+        match n {
+            1 => kind = string(v, "type")?,
+            2 => {
+                message(bytes(v, "object")?, |n, v| {
+                    if n == 1 {
+                        object = Some(bytes(v, "object.raw")?);
+                    }
+                    Ok(())
+                })?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok((
+        kind,
+        object.ok_or_else(|| error("a watch event without an object"))?,
+    ))
+}
+
 /// A ListMeta's resourceVersion (2) and continue token (3).
 fn list_meta(buf: &[u8]) -> Result<(Option<String>, Option<String>)> {
     let (mut rv, mut cont) = (None, None);
@@ -705,24 +811,40 @@ mod tests {
         };
     }
 
+    /// A Service read from JSON as the decoder reads it from protobuf.
+    fn decoded_service(svc: &mut core::Service) {
+        kept_meta(&mut svc.metadata);
+        // Not decoded: a Service's status conditions, an ingress's ports.
+        if let Some(status) = &mut svc.status {
+            status.conditions = None;
+            for i in status
+                .load_balancer
+                .iter_mut()
+                .flat_map(|lb| lb.ingress.iter_mut().flatten())
+            {
+                i.ports = None;
+            }
+        }
+    }
+
+    /// An EndpointSlice read from JSON as the decoder reads it from protobuf.
+    fn decoded_slice(slice: &mut discovery::EndpointSlice) {
+        kept_meta(&mut slice.metadata);
+        // Not decoded: an endpoint's targetRef and deprecatedTopology. An
+        // empty list reads as none, as kube-nft treats both.
+        for ep in slice.endpoints.iter_mut().flatten() {
+            ep.target_ref = None;
+            ep.deprecated_topology = None;
+        }
+        slice.endpoints = slice.endpoints.take().filter(|e| !e.is_empty());
+        slice.ports = slice.ports.take().filter(|p| !p.is_empty());
+    }
+
     #[test]
     fn services_in_protobuf_decode_to_what_their_json_says() {
         let mut json: ObjectList<core::Service> =
             serde_json::from_slice(&fixture("services.json")).unwrap();
-        for svc in &mut json.items {
-            kept_meta(&mut svc.metadata);
-            // Not decoded: a Service's status conditions, an ingress's ports.
-            if let Some(status) = &mut svc.status {
-                status.conditions = None;
-                for i in status
-                    .load_balancer
-                    .iter_mut()
-                    .flat_map(|lb| lb.ingress.iter_mut().flatten())
-                {
-                    i.ports = None;
-                }
-            }
-        }
+        json.items.iter_mut().for_each(decoded_service);
         let (items, reader) = read(&fixture("services.pb"), usize::MAX, service).unwrap();
         assert_eq!(items, json.items);
         assert_eq!(reader.resource_version, json.metadata.resource_version);
@@ -762,17 +884,7 @@ mod tests {
     fn endpoint_slices_in_protobuf_decode_to_what_their_json_says() {
         let mut json: ObjectList<discovery::EndpointSlice> =
             serde_json::from_slice(&fixture("endpointslices.json")).unwrap();
-        for slice in &mut json.items {
-            kept_meta(&mut slice.metadata);
-            // Not decoded: an endpoint's targetRef and deprecatedTopology. An
-            // empty list reads as none, as kube-nft treats both.
-            for ep in slice.endpoints.iter_mut().flatten() {
-                ep.target_ref = None;
-                ep.deprecated_topology = None;
-            }
-            slice.endpoints = slice.endpoints.take().filter(|e| !e.is_empty());
-            slice.ports = slice.ports.take().filter(|p| !p.is_empty());
-        }
+        json.items.iter_mut().for_each(decoded_slice);
         let (items, reader) =
             read(&fixture("endpointslices.pb"), usize::MAX, endpoint_slice).unwrap();
         assert_eq!(items, json.items);
@@ -863,5 +975,105 @@ mod tests {
         }
         // A wire type protobuf has no more (a group).
         assert!(read(&[b'k', b'8', b's', 0, 0x0b], usize::MAX, endpoint_slice).is_err());
+    }
+
+    /// A watch body fed `piece` bytes at a time: its events, each as its type
+    /// and its object (a bookmark: its resourceVersion and annotations).
+    fn watch_events<K: kube::Resource + std::fmt::Debug>(
+        body: &[u8],
+        piece: usize,
+        item: fn(&[u8]) -> Result<K>,
+    ) -> Result<Vec<(&'static str, String)>> {
+        let mut reader = WatchReader::new(item);
+        let mut events = Vec::new();
+        for chunk in body.chunks(piece) {
+            reader.feed(chunk);
+            while let Some(event) = reader.next_event()? {
+                events.push(summary(event));
+            }
+        }
+        reader.finish()?;
+        Ok(events)
+    }
+
+    fn summary<K: std::fmt::Debug>(event: WatchEvent<K>) -> (&'static str, String) {
+        match event {
+            WatchEvent::Added(o) => ("ADDED", format!("{o:?}")),
+            WatchEvent::Modified(o) => ("MODIFIED", format!("{o:?}")),
+            WatchEvent::Deleted(o) => ("DELETED", format!("{o:?}")),
+            WatchEvent::Bookmark(b) => (
+                "BOOKMARK",
+                format!(
+                    "{} {:?}",
+                    b.metadata.resource_version, b.metadata.annotations
+                ),
+            ),
+            WatchEvent::Error(s) => ("ERROR", format!("{s:?}")),
+        }
+    }
+
+    /// The same watch in JSON, one event a line, read as the decoder reads it.
+    fn json_events<K: serde::de::DeserializeOwned + std::fmt::Debug>(
+        body: &[u8],
+        decoded: fn(&mut K),
+    ) -> Vec<(&'static str, String)> {
+        body.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let mut event: WatchEvent<K> = serde_json::from_slice(line).unwrap();
+                if let WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) =
+                    &mut event
+                {
+                    decoded(o);
+                }
+                summary(event)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn watch_streams_in_protobuf_decode_to_what_their_json_says() {
+        let services = json_events(&fixture("watch-services.json"), decoded_service);
+        let slices = json_events(&fixture("watch-endpointslices.json"), decoded_slice);
+        for piece in [1, 3, 4, 5, 100, usize::MAX] {
+            let pb = watch_events(&fixture("watch-services.pb"), piece, service).unwrap();
+            assert_eq!(pb, services, "Services in pieces of {piece}");
+            let pb =
+                watch_events(&fixture("watch-endpointslices.pb"), piece, endpoint_slice).unwrap();
+            assert_eq!(pb, slices, "EndpointSlices in pieces of {piece}");
+        }
+        // What the fixtures hold: the initial objects, the bookmark that ends
+        // them, then a change and a deletion.
+        for events in [&services, &slices] {
+            let kinds: Vec<&str> = events.iter().map(|e| e.0).collect();
+            let end = kinds.iter().position(|k| *k == "BOOKMARK").unwrap();
+            assert!(
+                end > 1 && kinds[..end].iter().all(|k| *k == "ADDED"),
+                "{kinds:?}"
+            );
+            assert!(events[end]
+                .1
+                .contains("\"k8s.io/initial-events-end\": \"true\""));
+            assert!(kinds[end..].contains(&"MODIFIED") && kinds[end..].contains(&"DELETED"));
+        }
+    }
+
+    #[test]
+    fn a_cut_or_broken_watch_is_an_error_not_a_panic() {
+        let body = fixture("watch-services.pb");
+        for cut in [1, 3, 5, body.len() / 2, body.len() - 1] {
+            assert!(
+                watch_events(&body[..cut], 7, service).is_err(),
+                "cut at {cut}"
+            );
+        }
+        // A length beyond any event: refused at once, not waited for.
+        let mut reader = WatchReader::new(service);
+        reader.feed(&[0xff, 0xff, 0xff, 0xff]);
+        assert!(reader.next_event().is_err());
+        // An event of no known type.
+        let mut reader = WatchReader::new(service);
+        reader.feed(&[0, 0, 0, 5, 0x0a, 3, b'B', b'A', b'D']);
+        assert!(reader.next_event().is_err());
     }
 }

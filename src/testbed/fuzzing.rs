@@ -114,37 +114,89 @@ pub fn api_objects(data: &[u8]) {
     let _ = convert::validate(&objects, Some("node-a"));
 }
 
-/// A protobuf list body as the API server sends it, read by the streaming
-/// reader as both kinds, in pieces whose size the first byte chooses; every
-/// object read is converted.
+/// A protobuf body as the API server sends it, read by the streaming readers
+/// as a list and as a watch of both kinds, in pieces whose size the first byte
+/// chooses; every object read is converted.
 pub fn api_protobuf(data: &[u8]) {
-    use crate::source::protobuf::{endpoint_slice, service, ListReader};
+    use crate::source::protobuf::{endpoint_slice, service, ListReader, WatchReader};
     let Some((&piece, body)) = data.split_first() else {
         return;
     };
     let piece = usize::from(piece).max(1);
+    let to_service = |s: &_| {
+        let _ = convert::convert_service(s, &mut Vec::new());
+    };
+    let to_slice = |s: &_| {
+        let _ = convert::convert_endpoint_slice(s);
+    };
     let mut services = Reading::new(ListReader::new(service));
     let mut slices = Reading::new(ListReader::new(endpoint_slice));
+    let mut service_events = Reading::new(WatchReader::new(service));
+    let mut slice_events = Reading::new(WatchReader::new(endpoint_slice));
     for chunk in body.chunks(piece) {
-        services.feed(chunk, |s| {
-            let _ = convert::convert_service(s, &mut Vec::new());
-        });
-        slices.feed(chunk, |s| {
-            let _ = convert::convert_endpoint_slice(s);
-        });
+        services.feed(chunk, to_service);
+        slices.feed(chunk, to_slice);
+        service_events.feed(chunk, |e| event_object(e).map_or((), to_service));
+        slice_events.feed(chunk, |e| event_object(e).map_or((), to_slice));
     }
-    let _ = services.reader.finish();
-    let _ = slices.reader.finish();
+    services.finish();
+    slices.finish();
+    service_events.finish();
+    slice_events.finish();
 }
 
-/// One kind's reader, until its first error.
-struct Reading<K> {
-    reader: crate::source::protobuf::ListReader<K>,
+/// The object a watch event carries, if it is one of the kind's.
+fn event_object<K>(event: &kube::api::WatchEvent<K>) -> Option<&K> {
+    use kube::api::WatchEvent::*;
+    match event {
+        Added(o) | Modified(o) | Deleted(o) => Some(o),
+        Bookmark(_) | Error(_) => None,
+    }
+}
+
+/// A streaming reader of the API server's protobuf: fed the body in pieces,
+/// asked for what each completes.
+trait Pull {
+    type Item;
+    fn feed(&mut self, chunk: &[u8]);
+    fn pull(&mut self) -> Result<Option<Self::Item>, crate::source::protobuf::DecodeError>;
+    fn finish(&mut self);
+}
+
+impl<K> Pull for crate::source::protobuf::ListReader<K> {
+    type Item = K;
+    fn feed(&mut self, chunk: &[u8]) {
+        self.feed(chunk)
+    }
+    fn pull(&mut self) -> Result<Option<K>, crate::source::protobuf::DecodeError> {
+        self.next_item()
+    }
+    fn finish(&mut self) {
+        let _ = crate::source::protobuf::ListReader::finish(self);
+    }
+}
+
+impl<K: kube::Resource> Pull for crate::source::protobuf::WatchReader<K> {
+    type Item = kube::api::WatchEvent<K>;
+    fn feed(&mut self, chunk: &[u8]) {
+        self.feed(chunk)
+    }
+    fn pull(&mut self) -> Result<Option<Self::Item>, crate::source::protobuf::DecodeError> {
+        self.next_event()
+    }
+    fn finish(&mut self) {
+        let _ = crate::source::protobuf::WatchReader::finish(self);
+    }
+}
+
+/// One reader, until its first error.
+struct Reading<R> {
+    reader: R,
     failed: bool,
 }
 
-impl<K> Reading<K> {
-    fn new(reader: crate::source::protobuf::ListReader<K>) -> Self {
+impl<R: Pull> Reading<R> {
+    fn new(reader: R) -> Self {
         Reading {
             reader,
             failed: false,
@@ -152,13 +204,13 @@ impl<K> Reading<K> {
     }
 
     /// Feeds a piece of the body and converts every object it completes.
-    fn feed(&mut self, chunk: &[u8], convert: impl Fn(&K)) {
+    fn feed(&mut self, chunk: &[u8], convert: impl Fn(&R::Item)) {
         if self.failed {
             return;
         }
         self.reader.feed(chunk);
         loop {
-            match self.reader.next_item() {
+            match self.reader.pull() {
                 Ok(Some(obj)) => convert(&obj),
                 Ok(None) => return,
                 Err(_) => {
@@ -166,6 +218,12 @@ impl<K> Reading<K> {
                     return;
                 }
             }
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.failed {
+            self.reader.finish();
         }
     }
 }

@@ -179,11 +179,17 @@ fn api_objects() {
     }
 }
 
-/// The recorded protobuf lists, each read whole (a first byte of 255) and in
-/// small pieces (7).
+/// The recorded protobuf lists and watches, each read whole (a first byte of
+/// 255) and in small pieces (7).
 fn api_protobuf() {
     let dir = repo().join("integration/fixtures/kube-apiserver/protobuf");
-    for list in ["services.pb", "services-page1.pb", "endpointslices.pb"] {
+    for list in [
+        "services.pb",
+        "services-page1.pb",
+        "endpointslices.pb",
+        "watch-services.pb",
+        "watch-endpointslices.pb",
+    ] {
         let body = std::fs::read(dir.join(list)).unwrap();
         for piece in [255u8, 7] {
             let mut seed = vec![piece];
