@@ -18,6 +18,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::{Api, Config};
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
+use std::time::Duration;
 
 /// How to reach the API server, as kube-proxy's `--kubeconfig` and `--master`.
 #[derive(Debug, Clone, Default)]
@@ -152,10 +153,12 @@ fn stream_lists() -> bool {
 /// Whether the API server knows `sendInitialEvents` (1.27 and later): one
 /// before it would ignore the parameter and never send the closing bookmark,
 /// and the stream would be waited on until the watch's timeout. One not yet
-/// reachable is taken to know it; one that knows it but has it off refuses it,
-/// which `list_watch` handles.
+/// reachable, or silent for 5 s (the client has no read timeout), is taken to
+/// know it; one that knows it but has it off refuses it, which `list_watch`
+/// handles.
 async fn knows_watch_list(client: &kube::Client) -> bool {
-    let Ok(info) = client.apiserver_version().await else {
+    let asked = tokio::time::timeout(Duration::from_secs(5), client.apiserver_version());
+    let Ok(Ok(info)) = asked.await else {
         return true;
     };
     let minor = info.minor.trim_end_matches('+').parse::<u32>();
