@@ -15,9 +15,10 @@
 //!   each node's metrics before and after and summed over the nodes;
 //! - the API server's CPU seconds and peak RSS (VmHWM, reset at the start of
 //!   each contender, after a garbage collection, so that neither contender's
-//!   peak holds what loading the cluster or the contender before left), the bytes each node received (its link's counter: the
-//!   API server is all that talks to it), and each proxy's CPU seconds (with
-//!   its children's: kube-proxy runs `nft`) and peak RSS.
+//!   peak holds what loading the cluster or the contender before left), the
+//!   bytes each node received (its link's counter: the API server is all that
+//!   talks to it), and each proxy's CPU seconds (with its children's:
+//!   kube-proxy runs `nft`) and peak RSS.
 //!
 //! Both contenders get the same sequence of changes. It runs in the control
 //! plane's namespace (`integration/k8s/bench-nodes.sh` sets it up), from

@@ -79,13 +79,8 @@ impl<K: kube::Resource + DeserializeOwned> WatchBody<K> {
             if let Some(data) = frame.data_ref() {
                 match self {
                     WatchBody::Protobuf { reader, .. } => reader.feed(data),
-                    WatchBody::Json { buf, pos, .. } => {
-                        if *pos == buf.len() {
-                            buf.clear();
-                            *pos = 0;
-                        }
-                        buf.extend_from_slice(data);
-                    }
+                    // `next_line` has dropped the lines read before asking for more.
+                    WatchBody::Json { buf, .. } => buf.extend_from_slice(data),
                     WatchBody::Ended => {}
                 }
             }
