@@ -21,10 +21,9 @@
 //! API server's cache (resourceVersion 0); after a watch that could not resume
 //! (410 Gone) the relist is a consistent one.
 
+use super::body::{Incoming, JsonLines, Next, WatchBody};
 use super::protobuf::{self, ListReader, WatchReader};
-use super::watch_body::{idle_limited, invalid, WatchBody};
 use futures_util::Stream;
-use http_body_util::BodyExt;
 use kube::api::{ListParams, ObjectList, WatchEvent, WatchParams};
 use kube::core::Status;
 use kube::runtime::watcher::{self, Event};
@@ -48,10 +47,7 @@ enum Since {
 /// A list response being read.
 enum Reading<K> {
     /// Protobuf, read as it arrives.
-    Protobuf {
-        body: kube::client::Body,
-        reader: ListReader<K>,
-    },
+    Protobuf(Incoming<ListReader<K>>),
     /// JSON (from a server that will not speak protobuf), read whole.
     Json(VecDeque<K>),
 }
@@ -322,10 +318,7 @@ where
                     },
                 );
             }
-            let encoding = match body {
-                WatchBody::Json { .. } => "JSON",
-                _ => "protobuf",
-            };
+            let encoding = body.encoding();
             tracing::info!("listed {objects} {} (streamed, {encoding})", K::plural(&()));
             (
                 Some(Ok(Event::InitDone)),
@@ -364,16 +357,9 @@ where
         .map_err(kube::Error::BuildRequest)?;
     let (body, is_protobuf) = send(kind, request).await?;
     Ok(if is_protobuf {
-        WatchBody::Protobuf {
-            body,
-            reader: WatchReader::new(kind.decode),
-        }
+        WatchBody::Protobuf(Incoming::new(body, WatchReader::new(kind.decode)))
     } else {
-        WatchBody::Json {
-            body,
-            buf: Vec::new(),
-            pos: 0,
-        }
+        WatchBody::Json(Incoming::new(body, JsonLines::default()))
     })
 }
 
@@ -403,47 +389,28 @@ where
         (Some(Ok(Event::InitApply(obj))), State::Paging(l))
     };
     match l.reading.take() {
-        Some(Reading::Protobuf {
-            mut body,
-            mut reader,
-        }) => loop {
-            match reader.next_item() {
-                Ok(Some(obj)) => {
-                    l.reading = Some(Reading::Protobuf { body, reader });
-                    return object(l, obj);
-                }
-                Ok(None) => {}
-                Err(e) => return failed(invalid(e), l.since),
+        Some(Reading::Protobuf(mut incoming)) => match incoming.next(&kind.config).await {
+            Next::Item(obj) => {
+                l.reading = Some(Reading::Protobuf(incoming));
+                object(l, obj)
             }
-            let frame = match idle_limited(&kind.config, body.frame()).await {
-                Some(frame) => frame,
-                None => {
-                    let silent = std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "the list's response stopped arriving",
-                    );
-                    return failed(kube::Error::ReadEvents(silent), l.since);
+            Next::End => {
+                let reader = incoming.reader_mut();
+                l.continue_token = reader.continue_token.take();
+                l.resource_version = reader.resource_version.take();
+                if l.continue_token.is_none() && l.resource_version.is_none() {
+                    return no_resource_version(l.since);
                 }
-            };
-            match frame {
-                Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
-                        reader.feed(data);
-                    }
-                }
-                Some(Err(e)) => return failed(e, l.since),
-                None => {
-                    if let Err(e) = reader.finish() {
-                        return failed(invalid(e), l.since);
-                    }
-                    l.continue_token = reader.continue_token.take();
-                    l.resource_version = reader.resource_version.take();
-                    if l.continue_token.is_none() && l.resource_version.is_none() {
-                        return no_resource_version(l.since);
-                    }
-                    return (None, State::Paging(l));
-                }
+                (None, State::Paging(l))
             }
+            Next::Silent => {
+                let silent = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the list's response stopped arriving",
+                );
+                failed(kube::Error::ReadEvents(silent), l.since)
+            }
+            Next::Failed(e) => failed(e, l.since),
         },
         Some(Reading::Json(mut items)) => match items.pop_front() {
             Some(obj) => {
@@ -533,7 +500,9 @@ where
     let (body, is_protobuf) = send(kind, request).await?;
     if is_protobuf {
         let reader = ListReader::new(kind.decode);
-        return Ok(Requested::Protobuf(Reading::Protobuf { body, reader }));
+        return Ok(Requested::Protobuf(Reading::Protobuf(Incoming::new(
+            body, reader,
+        ))));
     }
     let body = body.collect_bytes().await?;
     let list = serde_json::from_slice(&body).map_err(kube::Error::SerdeError)?;

@@ -1,16 +1,17 @@
 //! Where Kubernetes objects come from: manifest files (`files`), or an API server
 //! watched with kube-rs (`kubernetes`), Services and EndpointSlices listed in
-//! protobuf (`list_watch`, `protobuf`). The API source reports changes one object
+//! protobuf (`list_watch`, `protobuf`, their bodies read as they arrive by
+//! `body`). The API source reports changes one object
 //! at a time (`Update`); manifest files are read whole into the same updates.
 //! `store` applies them to the model it owns and reports what changed.
 
 pub mod api_metrics;
+pub mod body;
 pub mod files;
 pub mod kubernetes;
 pub mod list_watch;
 pub mod protobuf;
 pub mod store;
-pub mod watch_body;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::networking::v1::ServiceCIDR;

@@ -10,6 +10,7 @@ use crate::core::node_config::NodeConfig;
 use crate::netlink::objects::*;
 use crate::netlink::{conntrack, expr, ipvs, message, route};
 use crate::nft::lift;
+use crate::source::body::Pull;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -154,41 +155,6 @@ fn event_object<K>(event: &kube::api::WatchEvent<K>) -> Option<&K> {
     }
 }
 
-/// A streaming reader of the API server's protobuf: fed the body in pieces,
-/// asked for what each completes.
-trait Pull {
-    type Item;
-    fn feed(&mut self, chunk: &[u8]);
-    fn pull(&mut self) -> Result<Option<Self::Item>, crate::source::protobuf::DecodeError>;
-    fn finish(&mut self);
-}
-
-impl<K> Pull for crate::source::protobuf::ListReader<K> {
-    type Item = K;
-    fn feed(&mut self, chunk: &[u8]) {
-        self.feed(chunk)
-    }
-    fn pull(&mut self) -> Result<Option<K>, crate::source::protobuf::DecodeError> {
-        self.next_item()
-    }
-    fn finish(&mut self) {
-        let _ = crate::source::protobuf::ListReader::finish(self);
-    }
-}
-
-impl<K: kube::Resource> Pull for crate::source::protobuf::WatchReader<K> {
-    type Item = kube::api::WatchEvent<K>;
-    fn feed(&mut self, chunk: &[u8]) {
-        self.feed(chunk)
-    }
-    fn pull(&mut self) -> Result<Option<Self::Item>, crate::source::protobuf::DecodeError> {
-        self.next_event()
-    }
-    fn finish(&mut self) {
-        let _ = crate::source::protobuf::WatchReader::finish(self);
-    }
-}
-
 /// One reader, until its first error.
 struct Reading<R> {
     reader: R,
@@ -223,7 +189,7 @@ impl<R: Pull> Reading<R> {
 
     fn finish(&mut self) {
         if !self.failed {
-            self.reader.finish();
+            let _ = self.reader.finish();
         }
     }
 }
