@@ -60,30 +60,27 @@ pub async fn client_config(conn: &Connection) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Starts watching on a thread of its own; every change goes to `tx`. Fails at
+/// Starts watching on threads of its own; every change goes to `tx`. Fails at
 /// once only when the client cannot be configured (a bad kubeconfig or URL).
+///
+/// The EndpointSlices have a thread to themselves: at 100k Services their
+/// initial state, decoded and converted, is most of a start's CPU on our side,
+/// and one thread read it in turn with the Services'. Each thread has its own
+/// runtime and client (HTTP/1.1: a connection per watch either way), and a
+/// full queue holds only its own watches, on purpose: a list waits for the store.
 pub fn spawn<T: From<Update> + Send + 'static>(
     conn: &Connection,
     node_name: &str,
     tx: SyncSender<T>,
 ) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("starting the API client: {e}"))?;
+    let runtime = watch_runtime()?;
     let config = runtime.block_on(client_config(conn))?;
-    // The client spawns its request buffer on the runtime it is made in.
-    let client = {
-        let _in_runtime = runtime.enter();
-        let counted = super::api_metrics::CountRequests {
-            host: super::api_metrics::host_label(&config.cluster_url),
-        };
-        kube::client::ClientBuilder::try_from(config)
-            .map_err(|e| format!("API client: {e}"))?
-            .with_layer(&counted)
-            .build()
-    };
+    let client = client_in(&runtime, config.clone())?;
+    let slices_runtime = watch_runtime()?;
+    let slices_client = client_in(&slices_runtime, config)?;
+    let (streaming_tx, streaming_rx) = std::sync::mpsc::channel();
     let node_fields = format!("metadata.name={node_name}");
+    let slices_tx = tx.clone();
     std::thread::Builder::new()
         .name("api-watch".into())
         .spawn(move || {
@@ -91,27 +88,17 @@ pub fn spawn<T: From<Update> + Send + 'static>(
                 let fields = watcher::Config::default();
                 let proxied = fields.clone().labels(&proxied_selector());
                 let stream_lists = stream_lists() && knows_watch_list(&client).await;
+                let _ = streaming_tx.send(stream_lists);
                 tokio::join!(
                     forward(
                         list_watch::watcher::<core::Service>(
                             client.clone(),
-                            proxied.clone(),
+                            proxied,
                             protobuf::service,
                             stream_lists,
                         ),
                         "Services",
                         store::service_update,
-                        tx.clone(),
-                    ),
-                    forward(
-                        list_watch::watcher::<discovery::EndpointSlice>(
-                            client.clone(),
-                            proxied,
-                            protobuf::endpoint_slice,
-                            stream_lists,
-                        ),
-                        "EndpointSlices",
-                        store::slice_update,
                         tx.clone(),
                     ),
                     forward(
@@ -133,7 +120,49 @@ pub fn spawn<T: From<Update> + Send + 'static>(
             })
         })
         .map_err(|e| format!("starting the watch thread: {e}"))?;
+    std::thread::Builder::new()
+        .name("api-watch-slices".into())
+        .spawn(move || {
+            // Asked once, by the other thread (`/version`).
+            let Ok(stream_lists) = streaming_rx.recv() else {
+                return;
+            };
+            let proxied = watcher::Config::default().labels(&proxied_selector());
+            slices_runtime.block_on(forward(
+                list_watch::watcher::<discovery::EndpointSlice>(
+                    slices_client,
+                    proxied,
+                    protobuf::endpoint_slice,
+                    stream_lists,
+                ),
+                "EndpointSlices",
+                store::slice_update,
+                slices_tx,
+            ));
+        })
+        .map_err(|e| format!("starting the watch thread: {e}"))?;
     Ok(())
+}
+
+/// The runtime of one watch thread.
+fn watch_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the API client: {e}"))
+}
+
+/// A client made in `runtime`: it spawns its request buffer on the runtime it
+/// is made in, and that runtime then drives its connections.
+fn client_in(runtime: &tokio::runtime::Runtime, config: Config) -> Result<kube::Client, String> {
+    let _in_runtime = runtime.enter();
+    let counted = super::api_metrics::CountRequests {
+        host: super::api_metrics::host_label(&config.cluster_url),
+    };
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| format!("API client: {e}"))?
+        .with_layer(&counted)
+        .build())
 }
 
 /// Whether to stream the initial state of Services and EndpointSlices: yes,
