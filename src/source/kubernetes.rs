@@ -63,11 +63,12 @@ pub async fn client_config(conn: &Connection) -> Result<Config, String> {
 /// Starts watching on threads of its own; every change goes to `tx`. Fails at
 /// once only when the client cannot be configured (a bad kubeconfig or URL).
 ///
-/// The EndpointSlices have a thread to themselves: at 100k Services their
-/// initial state, decoded and converted, is most of a start's CPU on our side,
-/// and one thread read it in turn with the Services'. Each thread has its own
-/// runtime and client (HTTP/1.1: a connection per watch either way), and a
-/// full queue holds only its own watches, on purpose: a list waits for the store.
+/// The EndpointSlices have a thread to themselves, so that the two kinds'
+/// initial states are decoded and converted side by side rather than in turn
+/// (at 100k, the listing took 0.88 of the time, on two cores shared with the
+/// API server: docs/BENCHMARKS.md). Each thread has its own runtime and
+/// client (HTTP/1.1: a connection per watch either way), and a full queue
+/// holds only its own watches, on purpose: a list waits for the store.
 pub fn spawn<T: From<Update> + Send + 'static>(
     conn: &Connection,
     node_name: &str,
