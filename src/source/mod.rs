@@ -1,9 +1,9 @@
 //! Where Kubernetes objects come from: manifest files (`files`), or an API server
-//! watched with kube-rs (`kubernetes`), Services and EndpointSlices listed in
-//! protobuf (`list_watch`, `protobuf`, their bodies read as they arrive by
-//! `body`). The API source reports changes one object
-//! at a time (`Update`); manifest files are read whole into the same updates.
-//! `store` applies them to the model it owns and reports what changed.
+//! watched with kube-rs (`kubernetes`), Services and EndpointSlices listed and
+//! watched in protobuf (`list_watch`, `protobuf`; each body read as it arrives,
+//! `body`). The API source reports changes one object at a time (`Update`);
+//! manifest files are read whole into the same updates. `store` applies them
+//! to the model it owns and reports what changed.
 
 pub mod api_metrics;
 pub mod body;
