@@ -28,7 +28,9 @@ use kube_nft::netlink::{Batch, Committed, NftError, NftSocket};
 use kube_nft::nft::dataplane::NftDataplane;
 use kube_nft::nft::fake::FakeKernel;
 use kube_nft::nft::kernel::{self, lowered, same_table, NftKernel};
-use kube_nft::nft::names::{CHAIN_SERVICES, MAP_SERVICE_IPS, SET_NODEPORT_IPS};
+use kube_nft::nft::names::{
+    CHAIN_SERVICES, MAP_CLUSTER_IPS_REJECT, MAP_SERVICE_IPS, SET_NODEPORT_IPS,
+};
 use kube_nft::nft::service_tables;
 use kube_nft::nft::translate::translate;
 use kube_nft::nft::view::{RuleView, TableView};
@@ -137,6 +139,9 @@ impl<H: NftKernel> NftKernel for Counted<H> {
     fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
         self.inner.second_socket()
     }
+    fn let_packets_pass(&mut self) {
+        self.inner.let_packets_pass()
+    }
 }
 
 /// Every case, run against both kernels.
@@ -176,6 +181,7 @@ cases!(
     a_new_count_makes_a_chain_only_above_16_endpoints,
     a_change_in_a_large_service_costs_what_it_changes,
     the_service_tables_follow_the_clusters_size,
+    tables_written_where_none_were_get_their_reject_verdict_a_commit_later,
 );
 
 fn config() -> NodeConfig {
@@ -348,6 +354,39 @@ fn check_partial_syncs(h: &Harness<impl Kernel>, config: NodeConfig) {
     // Nothing changed: a full sync finds nothing to send.
     p.request_full_sync();
     assert_eq!(p.sync().unwrap().committed.messages, 0);
+}
+
+/// A first sync writes the tables in one commit and the verdict of the
+/// ClusterIP reject in a second (`Plan::then`), as does the repair of a main
+/// table deleted behind its back; a sync over tables in place, one commit.
+fn tables_written_where_none_were_get_their_reject_verdict_a_commit_later(
+    h: &Harness<impl Kernel>,
+) {
+    let verdicts = |h: &Harness<_>| {
+        Family::ALL.map(|f| {
+            let main = h.read_table(TableId::main(f));
+            let map = main.sets.iter().find(|s| s.name == MAP_CLUSTER_IPS_REJECT);
+            map.map_or(0, |m| m.elements.len())
+        })
+    };
+    let p = &mut h.synced_proxy(3, 2);
+    assert_eq!(
+        h.commits.get(),
+        2,
+        "a first sync: the tables, then the verdict"
+    );
+    assert_eq!(verdicts(h), [1, 1]);
+    add_service(p, 3, 2);
+    p.sync().unwrap();
+    assert_eq!(h.commits.get(), 3, "a change: one commit");
+    let mut delete = Batch::new();
+    delete.delete_table(Family::Ip, TableId::main(Family::Ip).name());
+    h.commit(delete).unwrap();
+    p.request_full_sync();
+    p.sync().unwrap();
+    assert_eq!(h.commits.get(), 5, "a repair: the table, then the verdict");
+    assert_eq!(verdicts(h), [1, 1]);
+    assert!(p.verify().unwrap());
 }
 
 fn restart_over_a_correct_ruleset_writes_nothing(h: &Harness<impl Kernel>) {

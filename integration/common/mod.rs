@@ -15,7 +15,7 @@ pub mod services;
 use kube_nft::lab::hostname_server::{http_get, udp_ask, HostnameServer};
 use kube_nft::lab::topology::Topology;
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -603,6 +603,78 @@ pub fn under_load<T>(
     stop.store(true, Ordering::Relaxed);
     let loads = clients.into_iter().map(|c| c.join().unwrap()).collect();
     (results, loads)
+}
+
+/// What a flood of new connections saw (`flood_connections`).
+#[derive(Debug, Default)]
+pub struct Flood {
+    pub answered: usize,
+    /// Not answered within the connect timeout: a SYN that came while the
+    /// rules were missing goes nowhere until its retransmission, 1 s later.
+    pub unanswered: usize,
+    /// Refused: when each connection began (since the epoch) and how long
+    /// the refusal took.
+    pub refused: Vec<(Duration, Duration)>,
+    pub other: Vec<String>,
+}
+
+impl Flood {
+    fn add(&mut self, other: Flood) {
+        self.answered += other.answered;
+        self.unanswered += other.unanswered;
+        self.refused.extend(other.refused);
+        self.other.extend(other.other);
+    }
+}
+
+/// `threads` clients in `ns` each opening connections to `target` back to
+/// back until `stop`, each given 300 ms to connect and reset once it has (a
+/// reset leaves no client port waiting in TIME_WAIT): what they saw together.
+pub fn flood_connections(
+    ns: &str,
+    target: &str,
+    threads: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Flood> {
+    let addr: SocketAddr = target.parse().unwrap();
+    let clients: Vec<_> = (0..threads)
+        .map(|_| {
+            let (ns, stop) = (ns.to_string(), stop.clone());
+            std::thread::spawn(move || {
+                kube_nft::testbed::netns::in_netns(&ns, move || {
+                    let mut seen = Flood::default();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let began = std::time::SystemTime::now();
+                        let started = std::time::Instant::now();
+                        match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+                            Ok(s) => {
+                                rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO))
+                                    .unwrap();
+                                seen.answered += 1;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                                let at = began.duration_since(std::time::UNIX_EPOCH).unwrap();
+                                seen.refused.push((at, started.elapsed()));
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                                seen.unanswered += 1
+                            }
+                            Err(e) => seen.other.push(e.to_string()),
+                        }
+                    }
+                    seen
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    std::thread::spawn(move || {
+        let mut all = Flood::default();
+        for c in clients {
+            all.add(c.join().unwrap());
+        }
+        all
+    })
 }
 
 /// `web`'s NodePort (`serve_web_with_node_port`).

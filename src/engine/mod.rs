@@ -159,9 +159,7 @@ impl Engine {
         self.full_sync_needed = false;
         let mut committed = Committed::default();
         for (_, w) in &written {
-            committed.messages += w.committed.messages;
-            committed.bytes += w.committed.bytes;
-            committed.kernel += w.committed.kernel;
+            committed += w.committed;
         }
         Ok(SyncReport {
             kind,

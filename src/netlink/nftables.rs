@@ -57,6 +57,14 @@ pub struct Committed {
     pub kernel: Duration,
 }
 
+impl std::ops::AddAssign for Committed {
+    fn add_assign(&mut self, other: Committed) {
+        self.messages += other.messages;
+        self.bytes += other.bytes;
+        self.kernel += other.kernel;
+    }
+}
+
 /// The most objects a transaction holds while another socket listens to
 /// nf_tables in its namespace. The kernel then builds a notification of each
 /// object (~8 KiB of slab each: 10k Services x 10, 122k objects, added
@@ -185,9 +193,7 @@ impl NftSocket {
         for part in listened_parts(batch) {
             match self.send_batch(part) {
                 Ok(c) => {
-                    committed.messages += c.messages;
-                    committed.bytes += c.bytes;
-                    committed.kernel += c.kernel;
+                    committed += c;
                     transactions += 1;
                 }
                 Err(e) => {

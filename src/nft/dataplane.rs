@@ -74,11 +74,18 @@ impl<K: NftKernel> NftDataplane<K> {
         Ok(desired_as_placed(&views, state, &config))
     }
 
+    /// Commits the plan's transaction, and the one it holds for after it.
     fn commit(&mut self, plan: Plan) -> Result<Committed, NftError> {
         if plan.is_empty() {
             return Ok(Committed::default());
         }
-        self.kernel.commit(plan.into_batch())
+        let (first, then) = plan.into_batches();
+        let mut committed = self.kernel.commit(first)?;
+        if let Some(then) = then {
+            self.kernel.let_packets_pass();
+            committed += self.kernel.commit(then)?;
+        }
+        Ok(committed)
     }
 
     pub fn full(
@@ -150,7 +157,7 @@ impl<K: NftKernel> NftDataplane<K> {
                 "large Services planned from the slices that changed"
             );
         }
-        self.verifier.committed(plan.touches());
+        self.verifier.committed(plan.touches().as_ref());
         let committed = self.commit(plan)?;
         self.footprints.apply(change);
         Ok(committed)

@@ -45,6 +45,9 @@ pub trait NftKernel {
     fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
         None
     }
+    /// Returns once no packet that met the ruleset before the last commit is
+    /// still on its way between two hooks (`Plan::then`).
+    fn let_packets_pass(&mut self) {}
 }
 
 impl NftKernel for NftSocket {
@@ -90,6 +93,18 @@ impl NftKernel for NftSocket {
     /// daemon runs in.
     fn second_socket(&self) -> Option<std::io::Result<NftSocket>> {
         Some(NftSocket::open())
+    }
+
+    /// An RCU grace period: `membarrier(MEMBARRIER_CMD_GLOBAL)` is the
+    /// kernel's `synchronize_rcu()`, and a packet crosses the hooks from one
+    /// softirq, inside one RCU read-side section. Where the call is refused (a
+    /// nohz_full kernel, a seccomp filter), 10 ms, far longer than a packet
+    /// takes between two hooks.
+    fn let_packets_pass(&mut self) {
+        use rustix::thread::{membarrier, MembarrierCommand};
+        if membarrier(MembarrierCommand::Global).is_err() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use crate::core::net::{Family, Protocol};
 use crate::netlink::attr::ip_from_bytes;
 use crate::netlink::expr::{CmpOp, CtKey, Data, Expr, MetaKey, PayloadBase, REG_1, REG_VERDICT};
 use crate::netlink::objects::*;
-use crate::nft::lower::{lower_element, lower_object, lower_rule, lower_set, padded};
+use crate::nft::lower::{lower_element, lower_object, lower_rule, lower_set, padded, CT_STATE_NEW};
 use crate::ruleset::{
     Chain, CtTimeoutPolicy, Direction, Element, Field, KeyType, KeyValue, MapData, NamedObject,
     ObjectDef, Rule, Set, Stmt, Table,
@@ -325,6 +325,14 @@ fn lift_lookup(family: Family, exprs: &[Expr]) -> Option<(Stmt, usize)> {
                 fields.push(Field::L4Proto);
                 continue;
             }
+            Expr::Ct {
+                key: CtKey::State,
+                direction: None,
+                ..
+            } => {
+                fields.push(Field::CtState);
+                continue;
+            }
             _ if fields.is_empty() => return None,
             Expr::Numgen { modulus, .. } => {
                 let [Expr::Lookup {
@@ -466,12 +474,13 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
     Err(bad("a definition kube-nft does not write"))
 }
 
-const KEY_TYPES: [KeyType; 5] = [
+const KEY_TYPES: [KeyType; 6] = [
     KeyType::Ipv4Addr,
     KeyType::Ipv6Addr,
     KeyType::InetProto,
     KeyType::InetService,
     KeyType::Slot,
+    KeyType::CtState,
 ];
 
 /// The key's types, from the packed ids (6 bits each, first field highest).
@@ -501,6 +510,7 @@ fn key_values(types: &[KeyType], mut bytes: &[u8], concatenated: bool) -> Option
             KeyType::InetProto => KeyValue::Proto(protocol(v)?),
             KeyType::InetService => KeyValue::Port(u16::from_be_bytes(v.try_into().ok()?)),
             KeyType::Slot => KeyValue::Slot(u32_ne(v)?),
+            KeyType::CtState => (u32_ne(v)? == CT_STATE_NEW).then_some(KeyValue::CtStateNew)?,
         });
         bytes = bytes.get(step..)?;
     }

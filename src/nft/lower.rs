@@ -27,6 +27,7 @@ impl KeyType {
             KeyType::InetProto => 12,
             KeyType::InetService => 13,
             KeyType::Slot => 4,
+            KeyType::CtState => 26,
         }
     }
 
@@ -38,6 +39,7 @@ impl KeyType {
             KeyType::InetProto => 1,
             KeyType::InetService => 2,
             KeyType::Slot => 4,
+            KeyType::CtState => 4,
         }
     }
 }
@@ -59,7 +61,7 @@ pub fn lower_set(set: &Set) -> KernelSet {
     };
     let mut ud = Vec::new();
     let key_order = match set.key.as_slice() {
-        [KeyType::Slot] => BYTEORDER_HOST_ENDIAN,
+        [KeyType::Slot | KeyType::CtState] => BYTEORDER_HOST_ENDIAN,
         [_] => BYTEORDER_BIG_ENDIAN,
         _ => BYTEORDER_INVALID,
     };
@@ -160,6 +162,7 @@ fn endpoint_map_typeof(ud: &mut Vec<u8>, family: Family, key: &[KeyType]) {
             KeyType::InetProto => typeof_expr(EXPR_META, &u32s(&[META_L4PROTO])),
             KeyType::InetService => dport.clone(),
             KeyType::Slot => typeof_expr(EXPR_NUMGEN, &u32s(&[RANDOM, 1, 0])),
+            KeyType::CtState => unreachable!("an endpoint map's key is a Service port and a slot"),
         })
         .collect();
     udata_tlv(ud, UDATA_SET_KEY_TYPEOF, &concat(key_exprs));
@@ -175,6 +178,7 @@ pub fn lower_key(key: &[KeyValue], concatenated: bool) -> Vec<u8> {
             KeyValue::Proto(p) => out.push(p.number()),
             KeyValue::Port(p) => out.extend_from_slice(&p.to_be_bytes()),
             KeyValue::Slot(n) => out.extend_from_slice(&n.to_ne_bytes()),
+            KeyValue::CtStateNew => out.extend_from_slice(&CT_STATE_NEW.to_ne_bytes()),
         }
         if concatenated {
             out.resize(padded(out.len() as u32) as usize, 0);
@@ -287,6 +291,14 @@ fn load_field(family: Family, field: Field, slot: u32, out: &mut Vec<Expr>) -> u
             });
             1
         }
+        Field::CtState => {
+            out.push(Expr::Ct {
+                dreg,
+                key: CtKey::State,
+                direction: None,
+            });
+            1
+        }
     }
 }
 
@@ -316,6 +328,9 @@ fn addr_bytes(a: &IpAddr) -> Vec<u8> {
 
 /// The size of a connection's labels (`NF_CT_LABELS_MAX_SIZE`).
 const LABEL_BYTES: u32 = 16;
+
+/// `ct state new`: the state bit of a connection's first packets.
+pub(crate) const CT_STATE_NEW: u32 = 8;
 
 /// One label bit, as the kernel's bitmap of them holds it.
 pub(crate) fn label_bits(bit: u8) -> Vec<u8> {
@@ -401,7 +416,6 @@ pub fn lower_stmt(family: Family, stmt: &Stmt, out: &mut Vec<Expr>) {
             out.push(cmp(CmpOp::Eq, vec![p.number()]));
         }
         Stmt::CtStateNew => {
-            const CT_STATE_NEW: u32 = 8;
             let state = Expr::Ct {
                 dreg: REG_1,
                 key: CtKey::State,

@@ -5,6 +5,7 @@
 use crate::core::model::{Service, ServicePort};
 
 pub const SET_CLUSTER_IPS: &str = "cluster-ips";
+pub const MAP_CLUSTER_IPS_REJECT: &str = "cluster-ips-reject";
 pub const MAP_SERVICE_IPS: &str = "service-ips";
 pub const MAP_NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const SET_HAIRPIN: &str = "hairpin";

@@ -86,6 +86,9 @@ pub struct Plan {
     add_elements: ElementsBySet,
     /// What it changes, where asked for (`recording`).
     touches: Option<BTreeSet<Touch>>,
+    /// A second transaction, committed once no packet that met the state
+    /// before the first is still between two hooks (`NftKernel::let_packets_pass`).
+    then: Option<Box<Plan>>,
 }
 
 /// One thing a plan changes, as the verification beside the syncs compares
@@ -133,6 +136,7 @@ impl Plan {
         self.parts.values().all(Batch::is_empty)
             && self.delete_elements.is_empty()
             && self.add_elements.is_empty()
+            && self.then.as_ref().is_none_or(|t| t.is_empty())
     }
 
     /// A plan that keeps what it changes (`touches`).
@@ -143,9 +147,12 @@ impl Plan {
         }
     }
 
-    /// What this plan changes, if it was `recording`.
-    pub fn touches(&self) -> Option<&BTreeSet<Touch>> {
-        self.touches.as_ref()
+    /// What this plan changes, if it was `recording`: its transaction and
+    /// the one after it.
+    pub fn touches(&self) -> Option<BTreeSet<Touch>> {
+        let mut all = self.touches.clone()?;
+        all.extend(self.then.iter().flat_map(|t| t.touches()).flatten());
+        Some(all)
     }
 
     fn touch(&mut self, touch: impl FnOnce() -> Touch) {
@@ -305,8 +312,25 @@ impl Plan {
         }
     }
 
-    /// The plan as one transaction, in an order the kernel accepts.
-    pub fn into_batch(mut self) -> Batch {
+    /// The plan of the transaction that follows this one (see `then`).
+    pub fn then(&mut self) -> &mut Plan {
+        let recording = self.touches.is_some();
+        self.then.get_or_insert_with(|| {
+            Box::new(match recording {
+                true => Plan::recording(),
+                false => Plan::default(),
+            })
+        })
+    }
+
+    /// The plan as its transactions: this one, and the one after it if any.
+    pub fn into_batches(mut self) -> (Batch, Option<Batch>) {
+        let then = self.then.take().map(|t| t.into_batch());
+        (self.into_batch(), then)
+    }
+
+    /// This transaction, in an order the kernel accepts.
+    fn into_batch(mut self) -> Batch {
         for (t, sets) in std::mem::take(&mut self.delete_elements) {
             let b = self.parts.entry((Phase::DeleteElements, t)).or_default();
             for (set, els) in sets {
@@ -393,7 +417,7 @@ mod tests {
         plan.add_chain(main, chain("also-dropped", Vec::new()));
         let (m, s) = ("ip kube-nft", "ip kube-nft-services-03");
         assert_eq!(
-            plan.into_batch().finish().described(),
+            plan.into_batches().0.finish().described(),
             [
                 format!("add table {m}"),
                 format!("delete table {m}"),

@@ -18,7 +18,7 @@ use crate::nft::kernel::Views;
 use crate::nft::lower::{
     lower_chain, lower_element, lower_key, lower_object, lower_set, lower_table,
 };
-use crate::nft::names::SET_HAIRPIN;
+use crate::nft::names::{MAP_CLUSTER_IPS_REJECT, SET_HAIRPIN};
 use crate::nft::pick::{Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared};
 use crate::nft::plan::{diff_rules, Plan};
 use crate::nft::service_tables;
@@ -812,7 +812,12 @@ pub fn plan_full_into(
                 let want = wanted_elements
                     .remove(&(*id, set.name.as_str()))
                     .unwrap_or_default();
-                plan_elements(&mut plan, *id, &set.name, have, Elements::new(want));
+                // A table this commit creates gets its reject verdict a
+                // commit later: a packet that met no NAT chain of ours before
+                // it, and a filter chain after it, would be refused.
+                let held = view.is_none() && set.name == MAP_CLUSTER_IPS_REJECT;
+                let plan = if held { plan.then() } else { &mut plan };
+                plan_elements(plan, *id, &set.name, have, Elements::new(want));
             }
             let Some(v) = view else { continue };
             let wanted = |names: &HashMap<TableId, BTreeSet<String>>, name: &str| {
@@ -1270,8 +1275,12 @@ mod tests {
     fn bytes(plan: Plan) -> (Vec<u8>, Vec<String>) {
         const NEWSET: u16 = (10 << 8) | 9;
         const NFTA_SET_ID: u16 = 10;
-        let t = plan.into_batch().finish();
-        let mut b = t.chunks.concat();
+        let (first, then) = plan.into_batches();
+        let done: Vec<_> = std::iter::once(first)
+            .chain(then)
+            .map(|t| t.finish())
+            .collect();
+        let mut b: Vec<u8> = done.iter().flat_map(|t| t.chunks.concat()).collect();
         let mut at = 0;
         while at + 20 <= b.len() {
             let len = u32::from_ne_bytes(b[at..at + 4].try_into().unwrap()) as usize;
@@ -1287,7 +1296,7 @@ mod tests {
             }
             at += (len + 3) & !3;
         }
-        (b, t.described())
+        (b, done.iter().flat_map(|t| t.described()).collect())
     }
 
     /// A small deterministic generator, so a failure names its step.

@@ -79,14 +79,16 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
         ]));
     }
 
-    let mut cluster_ips_check = vec![
-        Rule::new(vec![
-            in_set(Field::Daddr, SET_CLUSTER_IPS),
-            Stmt::RejectTcpReset,
-        ])
-        .with_comment("reject traffic to invalid ports of ClusterIPs"),
-        Rule::new(vec![in_set(Field::Daddr, SET_CLUSTER_IPS), Stmt::Reject]),
-    ];
+    // The verdict comes from a map, not a `reject` statement: while a
+    // transaction deletes our tables (`nft flush ruleset`), the kernel runs the
+    // deleted chains' old rules until it unhooks each, and then a map's lookup
+    // misses (the Service tables' DNAT already does) while a set's still hits.
+    // With `reject` here, a connection opened in that instant was refused.
+    let mut cluster_ips_check = vec![Rule::new(vec![
+        in_set(Field::Daddr, SET_CLUSTER_IPS),
+        vmap(&[Field::CtState], MAP_CLUSTER_IPS_REJECT),
+    ])
+    .with_comment("reject traffic to invalid ports of ClusterIPs")];
     // One rule per ServiceCIDR of the family (kube-proxy puts them in one rule's
     // anonymous set): a cluster has a handful, and this shape is one we encode.
     for cidr in NodeConfig::cidrs(&config.service_cidrs, family) {
@@ -145,6 +147,12 @@ pub fn skeleton(family: Family, config: &NodeConfig) -> Table {
                 vec![addr, addr],
                 None,
                 "endpoint . endpoint: a pod reaching itself through a Service",
+            ),
+            set(
+                MAP_CLUSTER_IPS_REJECT,
+                vec![KeyType::CtState],
+                Some(MapData::Verdict),
+                "what a new connection to an invalid port of a ClusterIP meets (see cluster-ips-check)",
             ),
         ],
         chains: vec![

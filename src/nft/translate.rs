@@ -32,7 +32,7 @@ use crate::nft::service::{nftables_rules, ServiceRules};
 use crate::nft::service_tables;
 use crate::nft::skeleton::skeleton_of;
 use crate::nft::slots::{FromScratch, Placement};
-use crate::ruleset::{Element, KeyValue, Ruleset, Table, TableId};
+use crate::ruleset::{Element, KeyValue, Mapped, Ruleset, Table, TableId, Verdict};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
@@ -51,12 +51,18 @@ pub fn service_rules(
     }
 }
 
-/// The node's own elements: the addresses NodePorts are served on.
+/// The elements that depend on no Service: the addresses NodePorts are
+/// served on, and the verdict of `cluster-ips-check` (`skeleton`).
 pub fn node_elements(
     state: &ClusterState,
     config: &NodeConfig,
     family: Family,
 ) -> Vec<(&'static str, Element)> {
+    let reject = Element {
+        key: vec![KeyValue::CtStateNew],
+        value: Some(Mapped::Verdict(Verdict::Goto(CHAIN_REJECT.into()))),
+        comment: None,
+    };
     config
         .nodeport_ips(state.node.as_ref(), family)
         .into_iter()
@@ -70,6 +76,7 @@ pub fn node_elements(
                 },
             )
         })
+        .chain([(MAP_CLUSTER_IPS_REJECT, reject)])
         .collect()
 }
 
@@ -650,7 +657,7 @@ mod tests {
         let services = v4.chain(CHAIN_SERVICES).unwrap();
         assert_eq!(services.rules.len(), 1);
         assert!(services.rules[0].stmts.contains(&Stmt::MarkOr(0x4000)));
-        let drops: Vec<_> = v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules[2..]
+        let drops: Vec<_> = v4.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules[1..]
             .iter()
             .map(|r| r.stmts.clone())
             .collect();
@@ -668,7 +675,7 @@ mod tests {
         // No IPv6 CIDRs were given: no masquerade rule and no drop rule there.
         let v6 = skeleton(Family::Ip6, &config);
         assert!(v6.chain(CHAIN_SERVICES).unwrap().rules.is_empty());
-        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 2);
+        assert_eq!(v6.chain(CHAIN_CLUSTER_IPS_CHECK).unwrap().rules.len(), 1);
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl Verifier {
                 let interrupted = sock.take_interruptions().unwrap_or_default();
                 drop(sock);
                 let (plan, _) = plan_full_into(Plan::recording(), &views, &state, &config);
-                let touches = plan.touches().cloned().unwrap_or_default();
+                let touches = plan.touches().unwrap_or_default();
                 Ok(Found {
                     touches,
                     interrupted,

@@ -246,6 +246,8 @@ pub enum KeyType {
     /// An endpoint map's slot: what `numgen random mod N` yields, a 32-bit
     /// integer in host byte order (`typeof numgen random mod 1`).
     Slot,
+    /// `ct state`: a 32-bit bitmask in host byte order.
+    CtState,
 }
 
 impl KeyType {
@@ -256,6 +258,7 @@ impl KeyType {
             KeyType::InetProto => "inet_proto",
             KeyType::InetService => "inet_service",
             KeyType::Slot => "integer",
+            KeyType::CtState => "ct_state",
         }
     }
 }
@@ -293,6 +296,8 @@ pub enum KeyValue {
     Port(u16),
     /// An endpoint map's slot.
     Slot(u32),
+    /// `ct state new`, the one state kube-nft keys by.
+    CtStateNew,
 }
 
 impl fmt::Display for KeyValue {
@@ -302,6 +307,7 @@ impl fmt::Display for KeyValue {
             KeyValue::Proto(p) => write!(f, "{p}"),
             KeyValue::Port(p) => write!(f, "{p}"),
             KeyValue::Slot(n) => write!(f, "{n}"),
+            KeyValue::CtStateNew => write!(f, "new"),
         }
     }
 }
@@ -448,6 +454,8 @@ pub enum Field {
     Dport,
     /// `th sport`.
     Sport,
+    /// `ct state`.
+    CtState,
 }
 
 /// A packet's direction in its connection (`ct direction`).

@@ -22,6 +22,7 @@ fn field(family: Family, f: Field) -> String {
         Field::L4Proto => "meta l4proto".to_string(),
         Field::Dport => "th dport".to_string(),
         Field::Sport => "th sport".to_string(),
+        Field::CtState => "ct state".to_string(),
     }
 }
 
@@ -175,6 +176,9 @@ fn write_set(out: &mut String, s: &Set) {
                     KeyType::InetProto => "meta l4proto",
                     KeyType::InetService => "th dport",
                     KeyType::Slot => "numgen random mod 1",
+                    KeyType::CtState => {
+                        unreachable!("an endpoint map's key is a Service port and a slot")
+                    }
                 })
                 .collect();
             let kw = family.keyword();

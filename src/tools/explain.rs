@@ -56,6 +56,15 @@ impl std::str::FromStr for Packet {
     }
 }
 
+/// The verdict-map element that sent a packet on, and the comment of the rule
+/// that looked it up.
+#[derive(Debug, Clone)]
+struct Via {
+    map: String,
+    element: Element,
+    why: Option<String>,
+}
+
 /// How a path ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
@@ -200,7 +209,7 @@ struct Walk<'a> {
     masquerade: bool,
     service: Option<String>,
     /// The map element that sent the packet where it is, for reasons.
-    via: Option<(String, Element)>,
+    via: Option<Via>,
     trace: Vec<String>,
 }
 
@@ -370,7 +379,11 @@ impl<'a> Walk<'a> {
                     if element.comment.is_some() {
                         self.service = element.comment.clone();
                     }
-                    self.via = Some((map.clone(), element.clone()));
+                    self.via = Some(Via {
+                        map: map.clone(),
+                        element: element.clone(),
+                        why: rule.comment.clone(),
+                    });
                     return self.verdict(v, rule, depth);
                 }
                 Stmt::SetUpdate { .. } | Stmt::Counter | Stmt::CounterByMap { .. } => {}
@@ -509,9 +522,9 @@ impl<'a> Walk<'a> {
             return c.clone();
         }
         match &self.via {
-            Some((map, e))
-                if map == MAP_NO_ENDPOINT_SERVICES || map == MAP_NO_ENDPOINT_NODEPORTS =>
-            {
+            Some(Via {
+                map, element: e, ..
+            }) if map == MAP_NO_ENDPOINT_SERVICES || map == MAP_NO_ENDPOINT_NODEPORTS => {
                 let label = e.comment.clone().unwrap_or_default();
                 match e.value {
                     Some(Mapped::Verdict(Verdict::Drop)) => {
@@ -520,7 +533,17 @@ impl<'a> Walk<'a> {
                     _ => format!("{label} has no endpoints"),
                 }
             }
-            Some((map, e)) => format!("{map} {}", e.comment.clone().unwrap_or_default()),
+            // The ClusterIP reject's element says nothing; its rule does.
+            Some(Via {
+                element: Element { comment: None, .. },
+                why: Some(why),
+                ..
+            }) => why.clone(),
+            Some(Via {
+                map, element: e, ..
+            }) => {
+                format!("{map} {}", e.comment.clone().unwrap_or_default())
+            }
             None => "by rule".into(),
         }
     }
@@ -552,6 +575,8 @@ impl<'a> Walk<'a> {
                 Field::Dport => KeyValue::Port(self.dport),
                 // Only reply-direction rules read the source port.
                 Field::Sport => KeyValue::Port(0),
+                // The packet explained opens a connection.
+                Field::CtState => KeyValue::CtStateNew,
             })
             .collect()
     }
