@@ -67,33 +67,8 @@ if kubectl get namespace kube-flannel >/dev/null 2>&1; then
   done
 fi
 
-# What a failure needs to be understood: CoreDNS's pods, their last words, and
-# the proxy's on their nodes (CoreDNS is ready once it has listed the API
-# server through the kubernetes Service's ClusterIP, which the proxy serves).
-coredns_story() {
-  kubectl -n kube-system get pods -l k8s-app=kube-dns -o wide
-  local pod node
-  for pod in $(kubectl -n kube-system get pods -l k8s-app=kube-dns -o jsonpath='{.items[*].metadata.name}'); do
-    echo "--- logs of $pod"
-    kubectl -n kube-system logs "$pod" --tail=20 2>&1 || true
-    node=$(kubectl -n kube-system get pod "$pod" -o jsonpath='{.spec.nodeName}')
-    echo "--- $proxy on $node"
-    kubectl -n kube-system logs --all-containers --tail=30 \
-      "$(kubectl -n kube-system get pods -o wide --field-selector "spec.nodeName=$node" | awk -v p="${proxy%-nftables}" '$1 ~ "^"p {print $1; exit}')" 2>&1 || true
-    echo "--- conntrack to the kubernetes Service on $node"
-    docker exec "$node" sh -c "conntrack -L -d $(kubectl get service kubernetes -o jsonpath='{.spec.clusterIP}') 2>/dev/null | head -5" || true
-  done
-}
-
-# 1. CoreDNS, through the kube-dns Service's ClusterIP. Its pods are waited
-# for, not its Deployment's rollout: CoreDNS starts with the cluster, before
-# any proxy, and becomes ready some time after the proxy serves the kubernetes
-# Service (15 and 56 s, with kube-nft deployed 7 minutes after it). A
-# Deployment not ready 600 s after it started is marked failed for good
-# (progressDeadlineSeconds), and `rollout status` then fails at once: on a
-# loaded machine the check failed so, with the pods Running at 10 minutes.
-kubectl -n kube-system wait pod -l k8s-app=kube-dns --for=condition=Ready --timeout=300s >/dev/null ||
-  fail "CoreDNS is not ready: $(coredns_story 2>&1)"
+# 1. CoreDNS, through the kube-dns Service's ClusterIP.
+wait_for_coredns "$proxy"
 kubectl delete pod client --ignore-not-found --wait >/dev/null
 kubectl run client --image="$busybox" --restart=Never --command -- sleep 86400 >/dev/null
 kubectl wait --for=condition=Ready pod/client --timeout=120s >/dev/null

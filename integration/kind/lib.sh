@@ -225,6 +225,37 @@ EOF
   retry 60 hostnames_slice_ready || fail "hostnames' EndpointSlice does not list its 3 pods as ready"
 }
 
+# Waits for CoreDNS's pods to be Ready, or fails with what a failure needs to
+# be understood: CoreDNS's pods, their last words, and the proxy's on their
+# nodes (CoreDNS is ready once it has listed the API server through the
+# kubernetes Service's ClusterIP, which the proxy serves). PROXY is kube-nft
+# or kube-proxy-MODE. The pods are waited for, not the Deployment's rollout:
+# CoreDNS starts with the cluster, before any proxy, and becomes ready some
+# time after the proxy serves the kubernetes Service (15 and 56 s, with
+# kube-nft deployed 7 minutes after it). A Deployment not ready 600 s after it
+# started is marked failed for good (progressDeadlineSeconds), and `rollout
+# status` then fails at once: on a loaded machine a check failed so, with the
+# pods Running at 10 minutes.
+wait_for_coredns() {
+  kubectl -n kube-system wait pod -l k8s-app=kube-dns --for=condition=Ready --timeout=300s >/dev/null ||
+    fail "CoreDNS is not ready: $(coredns_story "$1" 2>&1)"
+}
+
+coredns_story() {
+  local proxy=$1 pod node
+  kubectl -n kube-system get pods -l k8s-app=kube-dns -o wide
+  for pod in $(kubectl -n kube-system get pods -l k8s-app=kube-dns -o jsonpath='{.items[*].metadata.name}'); do
+    echo "--- logs of $pod"
+    kubectl -n kube-system logs "$pod" --tail=20 2>&1 || true
+    node=$(kubectl -n kube-system get pod "$pod" -o jsonpath='{.spec.nodeName}')
+    echo "--- $proxy on $node"
+    kubectl -n kube-system logs --all-containers --tail=30 \
+      "$(kubectl -n kube-system get pods -o wide --field-selector "spec.nodeName=$node" | awk -v p="${proxy%-*tables}" '$1 ~ "^"p {print $1; exit}')" 2>&1 || true
+    echo "--- conntrack to the kubernetes Service on $node"
+    docker exec "$node" sh -c "conntrack -L -d $(kubectl get service kubernetes -o jsonpath='{.spec.clusterIP}') 2>/dev/null | head -5" || true
+  done
+}
+
 hostnames_slice_ready() {
   [ "$(kubectl get endpointslices -l kubernetes.io/service-name=hostnames \
     -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}x{end}')" = xxx ]

@@ -121,8 +121,7 @@ load_kube_nft_image 2>/dev/null
 # The reference opens once CoreDNS is ready and each client has had an answer.
 # The kube-proxy-iptables cluster gets no checks before this, and its CoreDNS
 # could become ready inside the reference (3 s into it, in a run that failed so).
-kubectl -n kube-system wait pod -l k8s-app=kube-dns --for=condition=Ready --timeout=300s >/dev/null ||
-  fail "CoreDNS is not ready: $(kubectl -n kube-system get pods -l k8s-app=kube-dns -o wide)"
+wait_for_coredns "$from"
 inside_answered() { kubectl logs migrate-client | grep ' ok ' >/dev/null; }
 outside_answered() { docker logs "$outside" 2>&1 | grep ' ok ' >/dev/null; }
 retry 60 inside_answered || fail "the client in the cluster had no answer in 60 s: $(kubectl logs --tail 3 migrate-client)"
