@@ -154,6 +154,57 @@ fn a_service_of_more_than_16_endpoints_reaches_each_through_its_blocks_as_its_co
     daemon.terminate();
 }
 
+/// `n` Services of the three pods on two ports: 6 elements each in the
+/// endpoint map of 3 to 4 endpoints. Service i's ClusterIP is 10.96.(100 +
+/// i / 250).(i % 250 + 1).
+fn many_services(n: usize) -> String {
+    let ports = [tcp(80, 9376), udp(53, 9376)];
+    (0..n)
+        .map(|i| {
+            let name = format!("many-{i}");
+            let vip = format!("10.96.{}.{}", 100 + i / 250, i % 250 + 1);
+            service(&name, &[&vip], &ports) + &slice(&name, "a", &ports, &V4)
+        })
+        .collect()
+}
+
+/// An endpoint map of 4096 elements or more is made with a size, which the
+/// kernel holds it to (`endpoint_map_size`). Packets reach every endpoint
+/// through it; grown past its size, it is made again with room, in the full
+/// sync the change makes way for, and every Service still answers.
+#[test]
+fn a_large_endpoint_map_is_made_with_a_size_and_again_with_room_as_it_grows() {
+    let c = Cluster::new("sized", &PODS, &[9376]);
+    // 700 Services: 4,200 elements, in a map of size 16384.
+    let manifests = c.scratch.write("many.yaml", &many_services(700));
+    let mut daemon = Daemon::start(c.node(), &manifests, c.scratch.0.join("log"), &[]);
+    let sized = |n: u32| {
+        let line = format!("\t\tsize {n}\n");
+        wait_until(
+            // The guests' emulated CPUs are slow.
+            Duration::from_secs(120),
+            &format!("a map of size {n}"),
+            || nft_list(c.node()).contains(&line),
+        );
+    };
+    let pods = ["pod-a", "pod-b", "pod-c"];
+    sized(16384);
+    // P(some endpoint gets none of 60) ≤ 3 × (2/3)^60 ≈ 1e-10.
+    let t = tally(c.client(), "10.96.102.200:80", 60, false);
+    assert_all_answer(&t, &pods, 60);
+    // 2,731 Services: 16,386 elements, two past the size.
+    std::fs::write(&manifests, many_services(2731)).unwrap();
+    sized(65536);
+    for vip in ["10.96.100.1:80", "10.96.110.231:80"] {
+        let t = tally(c.client(), vip, 60, false);
+        assert_all_answer(&t, &pods, 60);
+    }
+    let log = daemon.log_text();
+    assert!(log.contains("made again with room"), "{log}");
+    daemon.assert_running();
+    daemon.terminate();
+}
+
 #[test]
 fn service_without_endpoints_is_refused_at_once() {
     let c = Cluster::new("noeps", &PODS, &[9376]);

@@ -86,7 +86,8 @@ fn manifests() -> String {
     );
     // Above 16 endpoints an entry's slots are in blocks: 21 is 16 + 4 + 1, and
     // 1029 a whole block of 1024, then 4 and 1 (over two slices, as the API's
-    // limit of 1000 an EndpointSlice asks).
+    // limit of 1000 an EndpointSlice asks). On four ports, the whole blocks
+    // fill their map to 4096 elements, and it is made with a size.
     let addrs = |n: usize| -> Vec<String> {
         (0..n)
             .map(|i| format!("10.245.{}.{}", i / 250, i % 250 + 1))
@@ -103,9 +104,17 @@ fn manifests() -> String {
         &refs(&addrs(21)),
     );
     let many = addrs(1029);
-    m += &service("a-whole-block", &["10.96.0.10"], &[tcp(80, 8080)]);
-    m += &slice("a-whole-block", "a", &[tcp(80, 8080)], &refs(&many[..600]));
-    m += &slice("a-whole-block", "b", &[tcp(80, 8080)], &refs(&many[600..]));
+    let ports: Vec<Port> = ["a", "b", "c", "d"]
+        .into_iter()
+        .zip(0..)
+        .map(|(name, i)| Port {
+            name,
+            ..tcp(80 + i, 8080 + i)
+        })
+        .collect();
+    m += &service("a-whole-block", &["10.96.0.10"], &ports);
+    m += &slice("a-whole-block", "a", &ports, &refs(&many[..600]));
+    m += &slice("a-whole-block", "b", &ports, &refs(&many[600..]));
     m += EXTERNAL;
     m
 }
@@ -359,6 +368,13 @@ fn check_parity(tag: &str, config: NodeConfig) {
 
     // Our text is what nft prints, up to element wrapping.
     let rendered: String = rs.tables.iter().map(text::table).collect();
+    if matches!(config.mode, ProxyMode::Nftables) {
+        assert_eq!(
+            rendered.matches("\t\tsize 8192\n").count(),
+            1,
+            "the whole blocks' map, made with a size (`endpoint_map_size`)"
+        );
+    }
     assert_eq!(
         normalize_elements(&listed_text),
         normalize_elements(&rendered)
@@ -498,7 +514,7 @@ fn parity_with_masquerade_all() {
 #[test]
 fn parity_with_the_ipvs_backend_table() {
     check_parity(
-        "pf",
+        "pg",
         NodeConfig {
             cluster_cidrs: vec![
                 "10.244.0.0/16".parse().unwrap(),

@@ -182,6 +182,7 @@ cases!(
     a_change_in_a_large_service_costs_what_it_changes,
     the_service_tables_follow_the_clusters_size,
     tables_written_where_none_were_get_their_reject_verdict_a_commit_later,
+    an_endpoint_map_filled_past_its_size_is_made_again_with_room,
 );
 
 fn config() -> NodeConfig {
@@ -730,6 +731,42 @@ fn a_count_change_across_blocks_leaves_the_kernel_as_desired(h: &Harness<impl Ke
     for to in [2047, 2048, 1025, 1024, 1023, 17, 16, 17, 3000, 2999] {
         step(p, to);
     }
+}
+
+/// The one endpoint map of the table made with a size, as (size, elements).
+fn sized_map(h: &Harness<impl Kernel>) -> (u32, usize) {
+    let table = h.read_table(home_table(0));
+    let sized: Vec<_> = table.sets.iter().filter(|s| s.size.is_some()).collect();
+    assert_eq!(sized.len(), 1, "one sized map: the first block's");
+    (sized[0].size.unwrap(), sized[0].elements.len())
+}
+
+/// A large endpoint map is made with a size (`endpoint_map_size`), which the
+/// kernel holds it to. Filled to its size by partial syncs it stays as it is;
+/// one element more, and the sync makes the table again with room, instead
+/// of sending a transaction the kernel would refuse. Emptied, it keeps its
+/// room, and a restart writes nothing.
+fn an_endpoint_map_filled_past_its_size_is_made_again_with_room(h: &Harness<impl Kernel>) {
+    // Each Service of 1024 endpoints puts 1024 in the first block's map.
+    let p = &mut h.synced_proxy(4, 1024);
+    assert_eq!(sized_map(h), (8192, 4096));
+    for i in 4..8 {
+        add_service(p, i, 1024);
+        assert_eq!(p.sync().unwrap().kind, SyncKind::Partial);
+        assert_eq!(sized_map(h), (8192, 1024 * (i + 1)), "Service {i} added");
+    }
+    add_service(p, 8, 1024);
+    p.sync().expect("a sync past the map's size");
+    assert_eq!(sized_map(h), (32768, 9216), "made again, with room");
+    assert!(p.verify().unwrap());
+    for i in 2..9 {
+        p.update(&service_key(i), |s| {
+            s.services.remove(&service_key(i));
+        });
+    }
+    assert_eq!(p.sync().unwrap().kind, SyncKind::Partial);
+    assert_eq!(sized_map(h), (32768, 2048), "emptied, it keeps its room");
+    a_restart_writes_nothing(h, p.state());
 }
 
 /// One endpoint changed in a Service of 10,000 endpoints does the work of one

@@ -38,6 +38,7 @@ pub fn set(name: &str, key: Vec<KeyType>, data: Option<MapData>, comment: &str) 
         data,
         comment: Some(comment.to_string()),
         timeout: None,
+        size: None,
         elements: Vec::new(),
     }
 }

@@ -151,6 +151,15 @@ impl<K: NftKernel> NftDataplane<K> {
         let (plan, change) = self
             .footprints
             .plan_partial(plan, reread, changed, state, config);
+        if let Some((map, held, size)) = &change.overflow {
+            tracing::info!(
+                map = %map,
+                held,
+                size,
+                "an endpoint map would pass its size: made again with room, in a full sync"
+            );
+            return self.full(state, config);
+        }
         if change.from_memo > 0 {
             tracing::debug!(
                 from_memo = change.from_memo,

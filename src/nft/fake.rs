@@ -36,6 +36,7 @@ const ENOENT: i32 = 2;
 const EEXIST: i32 = 17;
 const EBUSY: i32 = 16;
 const EINVAL: i32 = 22;
+const ENFILE: i32 = 23;
 
 #[derive(Debug, Default)]
 struct State {
@@ -297,6 +298,11 @@ fn apply(
                     continue;
                 }
                 match at {
+                    // A set made with a size holds no more (the kernel counts
+                    // what this transaction deleted as gone).
+                    None if set.size.is_some_and(|s| set.elements.len() >= s as usize) => {
+                        return Err(ENFILE)
+                    }
                     None => {
                         index.insert(e.key.clone(), set.elements.len());
                         set.elements.push(e);

@@ -301,6 +301,10 @@ pub fn difference(want: &KernelTable, got: &KernelTable) -> Option<Difference> {
             // A dynamic set's elements are the packets', not ours.
             if s.timeout_ms.is_some() {
                 s.elements.clear();
+            } else {
+                // An endpoint map's size is the room it was made with, for
+                // the elements it had then; the kernel holds no more.
+                s.size = None;
             }
         }
         v.sort_by(|x, y| x.name.cmp(&y.name));

@@ -460,6 +460,7 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
             data,
             comment: set_comment_of(&k.userdata),
             timeout: k.timeout_ms.map(|ms| (ms / 1000) as u32),
+            size: k.size,
             elements: Vec::new(),
         };
         let again = lower_set(&set);

@@ -14,7 +14,7 @@ use crate::netlink::expr::{
 use crate::netlink::objects::*;
 use crate::ruleset::{
     Chain, Element, Field, KeyType, KeyValue, MapData, NamedObject, ObjectDef, Rule, Set, Stmt,
-    Table, DYNAMIC_SET_SIZE,
+    Table,
 };
 use std::net::IpAddr;
 
@@ -114,7 +114,7 @@ pub fn lower_set(set: &Set) -> KernelSet {
             .map(|family| padded(family.addr_type().size()) + padded(KeyType::InetService.size())),
         obj_type: (set.data == Some(MapData::Counter)).then_some(OBJECT_COUNTER),
         timeout_ms: set.timeout.map(|t| t as u64 * 1000),
-        size: set.timeout.map(|_| DYNAMIC_SET_SIZE),
+        size: set.size,
         userdata: Some(ud),
         elements: set.elements.iter().map(lower_element).collect(),
     }
@@ -715,6 +715,7 @@ mod tests {
             data: Some(MapData::Verdict),
             comment: None,
             timeout: None,
+            size: None,
             elements: vec![],
         });
         assert_eq!(set.key_type, 0x730d);

@@ -202,6 +202,22 @@ impl Block {
     }
 }
 
+/// The fewest elements for which an endpoint map is made with a size.
+const SIZED_FROM: usize = 4096;
+
+/// The size to make an endpoint map with for `elements` elements, if any.
+///
+/// A map made with a size is a hash table of fixed buckets, laid out once; one
+/// without grows, rehashing every element each time it doubles. At 100k
+/// Services the cold sync took 0.85 of its time with the largest map sized
+/// (docs/BENCHMARKS.md). The size is also the most the kernel lets it hold
+/// (ENFILE past it), so it leaves room to double before the map must be made
+/// again: a table rebuilt, once per doubling (`planner`). Small maps stay
+/// unbounded: their growth costs little, and they never need a rebuild.
+pub fn endpoint_map_size(elements: usize) -> Option<u32> {
+    (elements >= SIZED_FROM).then(|| (2 * elements).next_power_of_two() as u32)
+}
+
 /// The largest count in a range's map, whose pick chains are made with the
 /// map (above); larger counts are in blocks.
 const PICKS_WITH_THE_MAP_UP_TO: u32 = 16;
@@ -363,6 +379,7 @@ impl EndpointMap {
             data: Some(MapData::Endpoint(family)),
             comment: Some(comment),
             timeout: None,
+            size: None,
             elements: Vec::new(),
         }
     }

@@ -19,7 +19,9 @@ use crate::nft::lower::{
     lower_chain, lower_element, lower_key, lower_object, lower_set, lower_table,
 };
 use crate::nft::names::{MAP_CLUSTER_IPS_REJECT, SET_HAIRPIN};
-use crate::nft::pick::{Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared};
+use crate::nft::pick::{
+    endpoint_map_size, Block, EndpointMap, EntryKind, Layout, MapShape, PickGroup, Shared,
+};
 use crate::nft::plan::{diff_rules, Plan};
 use crate::nft::service_tables;
 use crate::nft::skeleton::skeleton_of;
@@ -41,6 +43,23 @@ pub struct Footprints {
     hairpin_refs: HashMap<(Family, IpAddr), usize>,
     /// How many Services use each shared chain (and map) of a Service table.
     shared_refs: HashMap<(TableId, Shared), usize>,
+    /// Each endpoint map's elements, and the size it was made with.
+    maps: HashMap<(TableId, EndpointMap), Room>,
+}
+
+/// How full an endpoint map is: a partial sync that would put more in it than
+/// its size (the kernel refuses past it, ENFILE) makes way for a full sync,
+/// which makes the map again with room (`endpoint_map_size`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Room {
+    held: usize,
+    size: Option<u32>,
+}
+
+impl Room {
+    fn fits(&self) -> bool {
+        self.size.is_none_or(|s| self.held <= s as usize)
+    }
 }
 
 /// A partial sync's change to the footprints, applied once its plan commits.
@@ -51,6 +70,10 @@ pub struct FootprintChange {
     services: Vec<((ServiceKey, Family), Footprint)>,
     hairpin_refs: Vec<((Family, IpAddr), usize)>,
     shared_refs: Vec<((TableId, Shared), usize)>,
+    maps: Vec<((TableId, EndpointMap), Room)>,
+    /// An endpoint map this plan would fill past its size, with what it
+    /// would hold: the plan must not be committed, a full sync must run.
+    pub overflow: Option<(String, usize, u32)>,
 }
 
 /// The desired ruleset with endpoints in the slots the kernel has them in: what
@@ -153,6 +176,12 @@ impl PlacedSlots {
             data: Some(Mapped::Endpoint(ep.addr, ep.port)),
             userdata: None,
         }
+    }
+
+    /// How many elements it has in each endpoint map.
+    fn held_by_map(&self) -> impl Iterator<Item = ((TableId, EndpointMap), usize)> + '_ {
+        self.layout()
+            .map(|b| ((self.table, b.map), b.size as usize))
     }
 
     fn same_entry(&self, other: &PlacedSlots) -> bool {
@@ -585,6 +614,8 @@ struct MapDiff<'v> {
     name: String,
     have: Option<&'v Elements>,
     seen: Vec<bool>,
+    /// How many elements the entries placed so far have in it.
+    held: usize,
 }
 
 impl<'v> EndpointMaps<'v> {
@@ -612,9 +643,15 @@ impl<'v> EndpointMaps<'v> {
                     .and_then(|v| v.set(&name))
                     .map(|v| &v.elements);
                 let seen = vec![false; have.map_or(0, |h| h.len())];
-                MapDiff { name, have, seen }
+                MapDiff {
+                    name,
+                    have,
+                    seen,
+                    held: 0,
+                }
             });
             let held = block.held(&s.endpoints);
+            map.held += held.len();
             let Some(have) = map.have else {
                 for (rel, ep) in (0..).zip(held) {
                     plan.add_element(s.table, &map.name, s.element(rel, *ep));
@@ -647,9 +684,11 @@ impl<'v> EndpointMaps<'v> {
     }
 
     /// Deletes what the kernel has and no entry wants, in the maps still used
-    /// (an unused map goes whole).
-    fn finish(self, plan: &mut Plan) {
-        for ((table, _), map) in self.maps {
+    /// (an unused map goes whole); how many elements each map holds then.
+    fn finish(self, plan: &mut Plan) -> HashMap<(TableId, EndpointMap), usize> {
+        let mut held = HashMap::new();
+        for ((table, endpoint_map), map) in self.maps {
+            held.insert((table, endpoint_map), map.held);
             let Some(have) = map.have else { continue };
             for (e, seen) in have.iter().zip(&map.seen) {
                 if !seen {
@@ -657,6 +696,7 @@ impl<'v> EndpointMaps<'v> {
                 }
             }
         }
+        held
     }
 }
 
@@ -768,7 +808,7 @@ pub fn plan_full_into(
                 footprints.services.insert((key.clone(), family), footprint);
             }
         }
-        endpoint_maps.finish(&mut plan);
+        let held = endpoint_maps.finish(&mut plan);
         let mut shared: Vec<(TableId, Shared)> = footprints
             .shared_refs
             .keys()
@@ -788,15 +828,28 @@ pub fn plan_full_into(
                 }
             }
             if let Shared::Map(map) = s {
-                let def = lower_set(&map.set(family));
+                let mut def = lower_set(&map.set(family));
                 wanted_sets.entry(id).or_default().insert(def.name.clone());
+                let held = held.get(&(id, map)).copied().unwrap_or(0);
+                let mut room = Room { held, size: None };
                 match views.get(&id).and_then(|v| v.set(&def.name)) {
-                    None => plan.add_set(id, def),
+                    None => {
+                        def.size = endpoint_map_size(held);
+                        room.size = def.size;
+                        plan.add_set(id, def);
+                    }
                     Some(have) if !same_set_def(&have.def, &def) => {
                         rebuild.insert(id);
                     }
-                    Some(_) => {}
+                    Some(have) => {
+                        room.size = have.def.size;
+                        // Full: the table is made again, the map with room.
+                        if !room.fits() {
+                            rebuild.insert(id);
+                        }
+                    }
                 }
+                footprints.maps.insert((id, map), room);
             }
         }
         let hairpin = wanted_elements.entry((main, SET_HAIRPIN)).or_default();
@@ -846,7 +899,18 @@ pub fn plan_full_into(
         for id in rebuild {
             let ruleset =
                 rebuilt.get_or_insert_with(|| translate_placed(state, config, &placement));
-            plan.rebuild(lower_table(ruleset.get(id).expect("a table per id")));
+            let table = ruleset.get(id).expect("a table per id");
+            for set in &table.sets {
+                if let Some(map) = EndpointMap::of_name(&set.name) {
+                    let held = set.elements.len();
+                    let room = Room {
+                        held,
+                        size: set.size,
+                    };
+                    footprints.maps.insert((id, map), room);
+                }
+            }
+            plan.rebuild(lower_table(table));
         }
     }
     (plan, footprints)
@@ -893,6 +957,7 @@ impl Footprints {
         // Ordered, so that a change is always the same transaction.
         let mut hairpin_delta: BTreeMap<(Family, IpAddr), isize> = BTreeMap::new();
         let mut shared_delta: BTreeMap<(TableId, Shared), isize> = BTreeMap::new();
+        let mut held_delta: BTreeMap<(TableId, EndpointMap), isize> = BTreeMap::new();
         let none = Footprint::default();
         let mut from_memo = 0;
         for key in dirty {
@@ -975,6 +1040,12 @@ impl Footprints {
                 }
                 diff_service_elements(&mut plan, &old.elements, &new_applied.elements, elements);
                 diff_slots(&mut plan, &old.slots, &new_applied.slots, &moved);
+                for (at, n) in old.slots.iter().flat_map(PlacedSlots::held_by_map) {
+                    *held_delta.entry(at).or_insert(0) -= n as isize;
+                }
+                for (at, n) in new_applied.slots.iter().flat_map(PlacedSlots::held_by_map) {
+                    *held_delta.entry(at).or_insert(0) += n as isize;
+                }
                 for s in &old.shared {
                     *shared_delta.entry(*s).or_insert(0) -= 1;
                 }
@@ -1036,6 +1107,17 @@ impl Footprints {
             }
             shared_refs.push(((table, shared), after));
         }
+        let mut maps = Vec::new();
+        let mut overflow = None;
+        for (at, delta) in held_delta {
+            // A map this sync makes has no size: it grows as it must.
+            let mut room = self.maps.get(&at).copied().unwrap_or_default();
+            room.held = (room.held as isize + delta).max(0) as usize;
+            if let (false, Some(size)) = (room.fits(), room.size) {
+                overflow.get_or_insert((format!("{} {}", at.0, at.1.name()), room.held, size));
+            }
+            maps.push((at, room));
+        }
         (
             plan,
             FootprintChange {
@@ -1043,6 +1125,8 @@ impl Footprints {
                 services: updates,
                 hairpin_refs: new_refs,
                 shared_refs,
+                maps,
+                overflow,
             },
         )
     }
@@ -1068,6 +1152,13 @@ impl Footprints {
                 self.shared_refs.remove(&k);
             } else {
                 self.shared_refs.insert(k, n);
+            }
+        }
+        for (k, room) in change.maps {
+            if room.held == 0 {
+                self.maps.remove(&k);
+            } else {
+                self.maps.insert(k, room);
             }
         }
     }

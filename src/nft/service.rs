@@ -21,7 +21,7 @@ use crate::nft::service_tables;
 use crate::nft::slots::{assign_slots, Fill, Placement};
 use crate::ruleset::{
     clamp_comment, Chain, CtTimeoutPolicy, Element, Field, KeyValue, Mapped, NamedObject,
-    ObjectDef, Rule, Set, Stmt, TableId, Verdict,
+    ObjectDef, Rule, Set, Stmt, TableId, Verdict, DYNAMIC_SET_SIZE,
 };
 use ipnet::IpNet;
 use std::net::IpAddr;
@@ -56,6 +56,7 @@ impl Affinity<'_> {
             data: None,
             comment: None,
             timeout: Some(self.timeout),
+            size: Some(DYNAMIC_SET_SIZE),
             elements: Vec::new(),
         }
     }

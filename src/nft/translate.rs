@@ -27,7 +27,7 @@ use crate::core::net::Family;
 use crate::core::node_config::NodeConfig;
 use crate::nft::ipvs_table::ipvs_rules;
 use crate::nft::names::*;
-use crate::nft::pick::{EndpointMap, EntryKind, Shared};
+use crate::nft::pick::{endpoint_map_size, EndpointMap, EntryKind, Shared};
 use crate::nft::service::{nftables_rules, ServiceRules};
 use crate::nft::service_tables;
 use crate::nft::skeleton::skeleton_of;
@@ -151,6 +151,7 @@ fn tables_for(
             let mut set = map.set(family);
             set.elements = endpoint_maps.remove(&(i, map)).unwrap_or_default();
             set.elements.sort_by(|a, b| a.key.cmp(&b.key));
+            set.size = endpoint_map_size(set.elements.len());
             tables[i].sets.push(set);
         }
     }

@@ -286,6 +286,10 @@ pub struct Set {
     /// A set the rules fill as packets pass (`flags dynamic,timeout`), whose
     /// elements expire after this many seconds. Its elements are the kernel's.
     pub timeout: Option<u32>,
+    /// The most elements the kernel lets it hold (`size`): a dynamic set's, as
+    /// `nft` gives one, and a large endpoint map's (`endpoint_map_size`). None
+    /// is no bound.
+    pub size: Option<u32>,
     pub elements: Vec<Element>,
 }
 

@@ -7,7 +7,7 @@
 use crate::core::net::Family;
 use crate::ruleset::{
     Chain, Direction, Element, Field, Hook, KeyType, MapData, NamedObject, ObjectDef, Rule, Set,
-    Stmt, Table, DYNAMIC_SET_SIZE,
+    Stmt, Table,
 };
 use std::fmt::Write;
 
@@ -187,8 +187,10 @@ fn write_set(out: &mut String, s: &Set) {
         }
         None => writeln!(out, "\t\ttype {key}").unwrap(),
     }
+    if let Some(size) = s.size {
+        writeln!(out, "\t\tsize {size}").unwrap();
+    }
     if let Some(t) = s.timeout {
-        writeln!(out, "\t\tsize {DYNAMIC_SET_SIZE}").unwrap();
         writeln!(out, "\t\tflags dynamic,timeout").unwrap();
         writeln!(out, "\t\ttimeout {}", duration(t)).unwrap();
     }
