@@ -154,16 +154,33 @@ fn a_service_of_more_than_16_endpoints_reaches_each_through_its_blocks_as_its_co
     daemon.terminate();
 }
 
-/// `n` Services of the three pods on two ports: 6 elements each in the
-/// endpoint map of 3 to 4 endpoints. Service i's ClusterIP is 10.96.(100 +
-/// i / 250).(i % 250 + 1).
+/// Four pods, for Services of 4 endpoints.
+const FOUR_PODS: [(&str, &[&str]); 4] = [
+    ("pod-a", &["10.244.0.11"]),
+    ("pod-b", &["10.244.0.12"]),
+    ("pod-c", &["10.244.0.13"]),
+    ("pod-d", &["10.244.0.14"]),
+];
+
+/// `n` Services of the four pods on eight TCP ports (80 to 87): 32 elements
+/// each in the endpoint map of 3 to 4 endpoints. Few objects for many
+/// elements, for the guests' slow parse. Service i's ClusterIP is
+/// 10.96.(100 + i / 250).(i % 250 + 1).
 fn many_services(n: usize) -> String {
-    let ports = [tcp(80, 9376), udp(53, 9376)];
+    let names = ["p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"];
+    let ports: Vec<Port> = (0..)
+        .zip(names)
+        .map(|(k, name)| Port {
+            name,
+            ..tcp(80 + k, 9376)
+        })
+        .collect();
+    let addrs: Vec<&str> = FOUR_PODS.iter().map(|(_, a)| a[0]).collect();
     (0..n)
         .map(|i| {
             let name = format!("many-{i}");
             let vip = format!("10.96.{}.{}", 100 + i / 250, i % 250 + 1);
-            service(&name, &[&vip], &ports) + &slice(&name, "a", &ports, &V4)
+            service(&name, &[&vip], &ports) + &slice(&name, "a", &ports, &addrs)
         })
         .collect()
 }
@@ -174,30 +191,35 @@ fn many_services(n: usize) -> String {
 /// sync the change makes way for, and every Service still answers.
 #[test]
 fn a_large_endpoint_map_is_made_with_a_size_and_again_with_room_as_it_grows() {
-    let c = Cluster::new("sized", &PODS, &[9376]);
-    // 700 Services: 4,200 elements, in a map of size 16384.
-    let manifests = c.scratch.write("many.yaml", &many_services(700));
+    let c = Cluster::new("sized", &FOUR_PODS, &[9376]);
+    // 128 Services: 4,096 elements, in a map of size 8192.
+    let manifests = c.scratch.write("many.yaml", &many_services(128));
     let mut daemon = Daemon::start(c.node(), &manifests, c.scratch.0.join("log"), &[]);
-    let sized = |n: u32| {
+    // Slow in the guests' emulated CPUs, whose listings of 8,000 elements
+    // take a while: looked at once a second, and what the daemon did told.
+    let sized = |daemon: &Daemon, n: u32| {
         let line = format!("\t\tsize {n}\n");
-        wait_until(
-            // The guests' emulated CPUs are slow.
-            Duration::from_secs(120),
-            &format!("a map of size {n}"),
-            || nft_list(c.node()).contains(&line),
-        );
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !nft_list(c.node()).contains(&line) {
+            let log = daemon.log_text();
+            assert!(
+                Instant::now() < deadline,
+                "no map of size {n} in 300 s:\n{log}"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
     };
-    let pods = ["pod-a", "pod-b", "pod-c"];
-    sized(16384);
-    // P(some endpoint gets none of 60) ≤ 3 × (2/3)^60 ≈ 1e-10.
-    let t = tally(c.client(), "10.96.102.200:80", 60, false);
-    assert_all_answer(&t, &pods, 60);
-    // 2,731 Services: 16,386 elements, two past the size.
-    std::fs::write(&manifests, many_services(2731)).unwrap();
-    sized(65536);
-    for vip in ["10.96.100.1:80", "10.96.110.231:80"] {
-        let t = tally(c.client(), vip, 60, false);
-        assert_all_answer(&t, &pods, 60);
+    let pods = ["pod-a", "pod-b", "pod-c", "pod-d"];
+    sized(&daemon, 8192);
+    // P(some endpoint gets none of 80) ≤ 4 × (3/4)^80 ≈ 4e-10.
+    let t = tally(c.client(), "10.96.100.128:87", 80, false);
+    assert_all_answer(&t, &pods, 80);
+    // 257 Services: 8,224 elements, past the size.
+    std::fs::write(&manifests, many_services(257)).unwrap();
+    sized(&daemon, 32768);
+    for vip in ["10.96.100.1:80", "10.96.101.7:83"] {
+        let t = tally(c.client(), vip, 80, false);
+        assert_all_answer(&t, &pods, 80);
     }
     let log = daemon.log_text();
     assert!(log.contains("made again with room"), "{log}");
