@@ -431,6 +431,9 @@ pub fn lift_set(family: Family, k: &KernelSet) -> Result<Set, LiftError> {
         vec![None]
     } else if k.data_type == Some(DATA_TYPE_VERDICT) {
         vec![Some(MapData::Verdict)]
+    } else if key.contains(&KeyType::CtState) {
+        // No endpoint map is keyed by a connection's state.
+        Vec::new()
     } else {
         vec![Some(MapData::Endpoint(family))]
     };
